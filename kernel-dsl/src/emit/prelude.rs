@@ -1,0 +1,315 @@
+//! The library of device helpers: number formats, conversions, reductions, cache-hinted loads.
+//!
+//! No CUDA header is included: NVRTC compiles the emitted file on its own, with nothing but the
+//! built-ins every CUDA compiler has (`threadIdx`, `__shfl_xor_sync`, `uint4`, `__uint_as_float`,
+//! inline PTX). A kernel's file holds only the helpers it uses, in dependency order.
+
+use crate::arch::Arch;
+
+/// One helper (a type or a device function) of the prelude.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Helper {
+    TypeBf16,
+    TypeF16,
+    TypeE4m3,
+    TypeE2m1x2,
+    Bf16ToF32,
+    F32ToBf16,
+    F16ToF32,
+    F32ToF16,
+    F16x2ToFloat2,
+    E4m3ToF32,
+    Bf16x2ToFloat2,
+    PackBf16x2,
+    DotBf16x4,
+    DotBf16x8,
+    E4m3x4ToFloat4,
+    E2m1x4ToFloat4,
+    WarpSum,
+    WarpMax,
+    BlockSum,
+    BlockMax,
+    Sigmoid,
+    Silu,
+    Softplus,
+    LdStreamV4,
+    LdStreamV2,
+    LdCg,
+}
+
+impl Helper {
+    /// Helpers this one's code uses.
+    pub fn deps(self) -> &'static [Helper] {
+        use Helper as H;
+        match self {
+            H::Bf16ToF32 | H::F32ToBf16 => &[H::TypeBf16],
+            H::F16ToF32 | H::F32ToF16 => &[H::TypeF16],
+            H::E4m3ToF32 => &[H::TypeE4m3, H::F16x2ToFloat2],
+            H::E4m3x4ToFloat4 => &[H::F16x2ToFloat2],
+            H::E2m1x4ToFloat4 => &[H::F16x2ToFloat2],
+            H::DotBf16x4 | H::DotBf16x8 => &[H::Bf16x2ToFloat2],
+            H::BlockSum => &[H::WarpSum],
+            H::BlockMax => &[H::WarpMax],
+            H::Silu => &[H::Sigmoid],
+            _ => &[],
+        }
+    }
+
+    /// The CUDA text of this helper for `arch`.
+    pub fn code(self, arch: Arch) -> &'static str {
+        use Helper as H;
+        match self {
+            H::TypeBf16 => {
+                "// bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).\n\
+                 struct __align__(2) bf16 { unsigned short bits; };\n"
+            }
+            H::TypeF16 => "// f16: IEEE binary16.\nstruct __align__(2) f16 { unsigned short bits; };\n",
+            H::TypeE4m3 => {
+                "// FP8 E4M3 (OCP \"fn\": bias 7, no infinities, S.1111.111 is NaN, largest finite 448).\n\
+                 struct fp8_e4m3 { unsigned char bits; };\n"
+            }
+            H::TypeE2m1x2 => {
+                "// Two FP4 E2M1 values (bias 1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives);\n\
+                 // the low nibble holds the element with the even index.\n\
+                 struct fp4x2_e2m1 { unsigned char bits; };\n"
+            }
+            H::Bf16ToF32 => {
+                "__device__ __forceinline__ float bf16_to_f32(bf16 v) {\n\
+                 \x20   return __uint_as_float((unsigned)v.bits << 16);\n\
+                 }\n"
+            }
+            H::F32ToBf16 => {
+                "// Round to nearest even; NaN stays NaN (the conversion instruction of sm_80 and later).\n\
+                 __device__ __forceinline__ bf16 f32_to_bf16(float v) {\n\
+                 \x20   bf16 r;\n\
+                 \x20   asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(r.bits) : \"f\"(v));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::F16ToF32 => {
+                "__device__ __forceinline__ float f16_to_f32(f16 v) {\n\
+                 \x20   float r;\n\
+                 \x20   asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(r) : \"h\"(v.bits));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::F32ToF16 => {
+                "__device__ __forceinline__ f16 f32_to_f16(float v) {\n\
+                 \x20   f16 r;\n\
+                 \x20   asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(r.bits) : \"f\"(v));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::F16x2ToFloat2 => {
+                "// Two f16 in one word (element 0 in the low half) to two f32.\n\
+                 __device__ __forceinline__ float2 f16x2_to_float2(unsigned h2) {\n\
+                 \x20   float2 r;\n\
+                 \x20   asm(\"{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %2; cvt.f32.f16 %0, lo; cvt.f32.f16 %1, hi; }\"\n\
+                 \x20       : \"=f\"(r.x), \"=f\"(r.y) : \"r\"(h2));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::E4m3ToF32 => {
+                "// Every e4m3 value is exact in f16: one conversion instruction (sm_89 and later), then widen.\n\
+                 __device__ __forceinline__ float e4m3_to_f32(fp8_e4m3 v) {\n\
+                 \x20   unsigned h2;\n\
+                 \x20   asm(\"cvt.rn.f16x2.e4m3x2 %0, %1;\" : \"=r\"(h2) : \"h\"((unsigned short)v.bits));\n\
+                 \x20   return f16x2_to_float2(h2).x;\n\
+                 }\n"
+            }
+            H::Bf16x2ToFloat2 => {
+                "// Two bf16 in one word (element 0 in the low half) to two f32: bf16 is the top of an f32.\n\
+                 __device__ __forceinline__ float2 bf16x2_to_float2(unsigned w) {\n\
+                 \x20   return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));\n\
+                 }\n"
+            }
+            H::PackBf16x2 => {
+                "// Two f32 to two bf16 in one word, a in the low half; round to nearest even.\n\
+                 __device__ __forceinline__ unsigned pack_bf16x2(float a, float b) {\n\
+                 \x20   unsigned r;\n\
+                 \x20   asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(b), \"f\"(a));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::DotBf16x4 => {
+                "// The f32 dot product of four bf16 pairs held in two 8-byte vectors.\n\
+                 __device__ __forceinline__ float dot_bf16x4(uint2 a, uint2 b) {\n\
+                 \x20   const float2 a0 = bf16x2_to_float2(a.x), b0 = bf16x2_to_float2(b.x);\n\
+                 \x20   const float2 a1 = bf16x2_to_float2(a.y), b1 = bf16x2_to_float2(b.y);\n\
+                 \x20   float s = a0.x * b0.x;\n\
+                 \x20   s = fmaf(a0.y, b0.y, s);\n\
+                 \x20   s = fmaf(a1.x, b1.x, s);\n\
+                 \x20   return fmaf(a1.y, b1.y, s);\n\
+                 }\n"
+            }
+            H::DotBf16x8 => {
+                "// The f32 dot product of eight bf16 pairs held in two 16-byte vectors.\n\
+                 __device__ __forceinline__ float dot_bf16x8(uint4 a, uint4 b) {\n\
+                 \x20   const float2 a0 = bf16x2_to_float2(a.x), b0 = bf16x2_to_float2(b.x);\n\
+                 \x20   const float2 a1 = bf16x2_to_float2(a.y), b1 = bf16x2_to_float2(b.y);\n\
+                 \x20   const float2 a2 = bf16x2_to_float2(a.z), b2 = bf16x2_to_float2(b.z);\n\
+                 \x20   const float2 a3 = bf16x2_to_float2(a.w), b3 = bf16x2_to_float2(b.w);\n\
+                 \x20   float s = a0.x * b0.x;\n\
+                 \x20   s = fmaf(a0.y, b0.y, s);\n\
+                 \x20   s = fmaf(a1.x, b1.x, s);\n\
+                 \x20   s = fmaf(a1.y, b1.y, s);\n\
+                 \x20   s = fmaf(a2.x, b2.x, s);\n\
+                 \x20   s = fmaf(a2.y, b2.y, s);\n\
+                 \x20   s = fmaf(a3.x, b3.x, s);\n\
+                 \x20   return fmaf(a3.y, b3.y, s);\n\
+                 }\n"
+            }
+            H::E4m3x4ToFloat4 => {
+                "// Four e4m3 bytes (element 0 in the low byte) to four f32, two per conversion instruction.\n\
+                 __device__ __forceinline__ float4 e4m3x4_to_float4(unsigned w) {\n\
+                 \x20   unsigned lo, hi;\n\
+                 \x20   asm(\"{ .reg .b16 a, b; mov.b32 {a, b}, %2; cvt.rn.f16x2.e4m3x2 %0, a; cvt.rn.f16x2.e4m3x2 %1, b; }\"\n\
+                 \x20       : \"=r\"(lo), \"=r\"(hi) : \"r\"(w));\n\
+                 \x20   const float2 l = f16x2_to_float2(lo), h = f16x2_to_float2(hi);\n\
+                 \x20   return make_float4(l.x, l.y, h.x, h.y);\n\
+                 }\n"
+            }
+            H::E2m1x4ToFloat4 if arch.has_fp4_conversion() => {
+                "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32:\n\
+                 // sm_121a converts a byte of two nibbles to two f16 in one instruction.\n\
+                 __device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {\n\
+                 \x20   unsigned lo, hi;\n\
+                 \x20   asm(\"{ .reg .b8 b0, b1, b2, b3; mov.b32 {b0, b1, b2, b3}, %2;\"\n\
+                 \x20       \" cvt.rn.f16x2.e2m1x2 %0, b0; cvt.rn.f16x2.e2m1x2 %1, b1; }\"\n\
+                 \x20       : \"=r\"(lo), \"=r\"(hi) : \"r\"(w));\n\
+                 \x20   const float2 l = f16x2_to_float2(lo), h = f16x2_to_float2(hi);\n\
+                 \x20   return make_float4(l.x, l.y, h.x, h.y);\n\
+                 }\n"
+            }
+            H::E2m1x4ToFloat4 => {
+                "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32.\n\
+                 // sm_90 has no FP4 conversion: put each nibble's two exponent bits and one mantissa bit\n\
+                 // where an f32 keeps them and its sign on top, then rescale by 2^126, the gap between the\n\
+                 // biases (127 - 1). The code 0.001 (0.5) becomes an f32 subnormal and comes out exact.\n\
+                 __device__ __forceinline__ float e2m1_to_f32(unsigned nibble) {\n\
+                 \x20   const float two_pow_126 = __uint_as_float(0x7e800000u);\n\
+                 \x20   return __uint_as_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * two_pow_126;\n\
+                 }\n\
+                 __device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {\n\
+                 \x20   return make_float4(e2m1_to_f32(w), e2m1_to_f32(w >> 4), e2m1_to_f32(w >> 8), e2m1_to_f32(w >> 12));\n\
+                 }\n"
+            }
+            H::WarpSum => {
+                "// Butterfly sum over the 32 lanes of a warp; every lane gets the total.\n\
+                 __device__ __forceinline__ float warp_sum(float v) {\n\
+                 #pragma unroll\n\
+                 \x20   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);\n\
+                 \x20   return v;\n\
+                 }\n"
+            }
+            H::WarpMax => {
+                "// Butterfly maximum over the 32 lanes of a warp; every lane gets it.\n\
+                 __device__ __forceinline__ float warp_max(float v) {\n\
+                 #pragma unroll\n\
+                 \x20   for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));\n\
+                 \x20   return v;\n\
+                 }\n"
+            }
+            H::BlockSum => {
+                "// Sum over the whole block; every thread gets the total. scratch holds one float per warp.\n\
+                 // The leading barrier lets a caller use it twice in a row with the same scratch.\n\
+                 __device__ __forceinline__ float block_sum(float v, float* scratch) {\n\
+                 \x20   const unsigned warps = blockDim.x >> 5;\n\
+                 \x20   v = warp_sum(v);\n\
+                 \x20   __syncthreads();\n\
+                 \x20   if ((threadIdx.x & 31u) == 0u) scratch[threadIdx.x >> 5] = v;\n\
+                 \x20   __syncthreads();\n\
+                 \x20   float t = (threadIdx.x & 31u) < warps ? scratch[threadIdx.x & 31u] : 0.0f;\n\
+                 \x20   return warp_sum(t);\n\
+                 }\n"
+            }
+            H::BlockMax => {
+                "// Maximum over the whole block; every thread gets it. scratch holds one float per warp.\n\
+                 __device__ __forceinline__ float block_max(float v, float* scratch) {\n\
+                 \x20   const unsigned warps = blockDim.x >> 5;\n\
+                 \x20   v = warp_max(v);\n\
+                 \x20   __syncthreads();\n\
+                 \x20   if ((threadIdx.x & 31u) == 0u) scratch[threadIdx.x >> 5] = v;\n\
+                 \x20   __syncthreads();\n\
+                 \x20   float t = (threadIdx.x & 31u) < warps ? scratch[threadIdx.x & 31u] : -__uint_as_float(0x7f800000u);\n\
+                 \x20   return warp_max(t);\n\
+                 }\n"
+            }
+            H::Sigmoid => "__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n",
+            H::Silu => "__device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }\n",
+            H::Softplus => {
+                "// log(1 + e^x), as torch computes it (threshold 20: above it, x itself).\n\
+                 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }\n"
+            }
+            H::LdStreamV4 => {
+                "// A 16-byte load of data read once (weights): read-only path, no L1 allocation.\n\
+                 __device__ __forceinline__ uint4 ld_stream_u32x4(const void* p) {\n\
+                 \x20   uint4 r;\n\
+                 \x20   asm(\"ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\"\n\
+                 \x20       : \"=r\"(r.x), \"=r\"(r.y), \"=r\"(r.z), \"=r\"(r.w) : \"l\"(p));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::LdStreamV2 => {
+                "// An 8-byte load of data read once (weights): read-only path, no L1 allocation.\n\
+                 __device__ __forceinline__ uint2 ld_stream_u32x2(const void* p) {\n\
+                 \x20   uint2 r;\n\
+                 \x20   asm(\"ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\" : \"=r\"(r.x), \"=r\"(r.y) : \"l\"(p));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::LdCg => {
+                "// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).\n\
+                 __device__ __forceinline__ float ld_cg(const float* p) {\n\
+                 \x20   float r;\n\
+                 \x20   asm volatile(\"ld.global.cg.f32 %0, [%1];\" : \"=f\"(r) : \"l\"(p) : \"memory\");\n\
+                 \x20   return r;\n\
+                 }\n\
+                 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) {\n\
+                 \x20   unsigned r;\n\
+                 \x20   asm volatile(\"ld.global.cg.u32 %0, [%1];\" : \"=r\"(r) : \"l\"(p) : \"memory\");\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+        }
+    }
+}
+
+/// The helpers in `wanted` and everything they use, each once, dependencies first.
+pub fn resolve(wanted: impl IntoIterator<Item = Helper>) -> Vec<Helper> {
+    fn add(h: Helper, out: &mut Vec<Helper>) {
+        if out.contains(&h) {
+            return;
+        }
+        for &d in h.deps() {
+            add(d, out);
+        }
+        out.push(h);
+    }
+    let mut wanted: Vec<Helper> = wanted.into_iter().collect();
+    // A stable order, so that the emitted file does not change with the order of use.
+    wanted.sort();
+    wanted.dedup();
+    let mut out = Vec::new();
+    for h in wanted {
+        add(h, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dependencies_come_first_and_once() {
+        let order = resolve([Helper::BlockSum, Helper::WarpSum, Helper::DotBf16x8]);
+        assert_eq!(order, [Helper::Bf16x2ToFloat2, Helper::DotBf16x8, Helper::WarpSum, Helper::BlockSum]);
+    }
+
+    #[test]
+    fn fp4_decode_depends_on_the_arch() {
+        assert!(Helper::E2m1x4ToFloat4.code(Arch::Sm121a).contains("cvt.rn.f16x2.e2m1x2"));
+        assert!(!Helper::E2m1x4ToFloat4.code(Arch::Sm90).contains("cvt.rn.f16x2.e2m1x2"));
+    }
+}

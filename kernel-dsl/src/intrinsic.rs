@@ -1,0 +1,442 @@
+//! The device intrinsics a kernel body may call: their names in Rust, their typing rules and the
+//! prelude helpers they need. How each prints as CUDA lives in [`crate::emit`].
+
+use crate::emit::prelude::Helper;
+use crate::types::{Elem, Scalar, Space, Type, Vector};
+
+/// A device intrinsic. Generic ones carry their type argument (`load_vec::<u32x4>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Intrinsic {
+    // Launch geometry (u32).
+    ThreadIdx,
+    BlockIdx,
+    BlockIdxY,
+    BlockIdxZ,
+    BlockDim,
+    GridDim,
+    GridDimY,
+    LaneId,
+    WarpId,
+    /// The target's SM version (90 or 121); folded to a constant when the template is specialised.
+    Sm,
+    // Barriers and fences.
+    SyncThreads,
+    SyncWarp,
+    ThreadFence,
+    // Warp and block collectives.
+    ShflXor,
+    ShflDown,
+    Shfl,
+    WarpSum,
+    WarpMax,
+    BlockSum,
+    BlockMax,
+    // f32 math.
+    Exp,
+    Ln,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Abs,
+    Sigmoid,
+    Silu,
+    Softplus,
+    Max,
+    Min,
+    Fma,
+    // Bit reinterpretation.
+    F32FromBits,
+    F32ToBits,
+    // Packed decodes: bf16 pairs, fp8 quads, fp4 quads.
+    Bf16x2ToF32x2,
+    PackBf16x2,
+    DotBf16x4,
+    DotBf16x8,
+    E4m3x4ToF32x4,
+    E2m1x4ToF32x4,
+    /// A vector from its lanes: `u32x4(a, b, c, d)`.
+    Make(Vector),
+    // Memory.
+    LoadVec(Vector),
+    LoadStream(Vector),
+    LoadCg,
+    StoreVec,
+    AtomicAdd,
+}
+
+/// The concrete parameter types an intrinsic takes for given arguments, and what it returns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Signature {
+    pub params: Vec<Type>,
+    pub ret: Type,
+}
+
+impl Intrinsic {
+    /// Looks up a free function by its name in a kernel body; `generic` is the type argument of a
+    /// turbofish (`load_vec::<u32x4>`).
+    pub fn from_function(name: &str, generic: Option<&str>) -> Result<Intrinsic, String> {
+        let vector = || -> Result<Vector, String> {
+            let g = generic.ok_or_else(|| format!("`{name}` needs a vector type: `{name}::<u32x4>(ptr, index)`"))?;
+            Vector::from_rust_name(g).ok_or_else(|| format!("`{g}` is not a vector type (u32x2, u32x4, f32x2, f32x4)"))
+        };
+        let plain = |i: Intrinsic| -> Result<Intrinsic, String> {
+            match generic {
+                None => Ok(i),
+                Some(_) => Err(format!("`{name}` takes no type argument")),
+            }
+        };
+        match name {
+            "thread_idx" => plain(Intrinsic::ThreadIdx),
+            "block_idx" => plain(Intrinsic::BlockIdx),
+            "block_idx_y" => plain(Intrinsic::BlockIdxY),
+            "block_idx_z" => plain(Intrinsic::BlockIdxZ),
+            "block_dim" => plain(Intrinsic::BlockDim),
+            "grid_dim" => plain(Intrinsic::GridDim),
+            "grid_dim_y" => plain(Intrinsic::GridDimY),
+            "lane_id" => plain(Intrinsic::LaneId),
+            "warp_id" => plain(Intrinsic::WarpId),
+            "sm" => plain(Intrinsic::Sm),
+            "sync_threads" => plain(Intrinsic::SyncThreads),
+            "sync_warp" => plain(Intrinsic::SyncWarp),
+            "thread_fence" => plain(Intrinsic::ThreadFence),
+            "shfl_xor" => plain(Intrinsic::ShflXor),
+            "shfl_down" => plain(Intrinsic::ShflDown),
+            "shfl" => plain(Intrinsic::Shfl),
+            "warp_sum" => plain(Intrinsic::WarpSum),
+            "warp_max" => plain(Intrinsic::WarpMax),
+            "block_sum" => plain(Intrinsic::BlockSum),
+            "block_max" => plain(Intrinsic::BlockMax),
+            "exp" => plain(Intrinsic::Exp),
+            "ln" => plain(Intrinsic::Ln),
+            "sqrt" => plain(Intrinsic::Sqrt),
+            "rsqrt" => plain(Intrinsic::Rsqrt),
+            "tanh" => plain(Intrinsic::Tanh),
+            "abs" => plain(Intrinsic::Abs),
+            "sigmoid" => plain(Intrinsic::Sigmoid),
+            "silu" => plain(Intrinsic::Silu),
+            "softplus" => plain(Intrinsic::Softplus),
+            "max" => plain(Intrinsic::Max),
+            "min" => plain(Intrinsic::Min),
+            "fma" => plain(Intrinsic::Fma),
+            "f32_from_bits" => plain(Intrinsic::F32FromBits),
+            "bf16x2_to_f32x2" => plain(Intrinsic::Bf16x2ToF32x2),
+            "pack_bf16x2" => plain(Intrinsic::PackBf16x2),
+            "dot_bf16x4" => plain(Intrinsic::DotBf16x4),
+            "dot_bf16x8" => plain(Intrinsic::DotBf16x8),
+            "e4m3x4_to_f32x4" => plain(Intrinsic::E4m3x4ToF32x4),
+            "e2m1x4_to_f32x4" => plain(Intrinsic::E2m1x4ToF32x4),
+            "load_vec" => vector().map(Intrinsic::LoadVec),
+            "load_stream" => vector().map(Intrinsic::LoadStream),
+            "load_cg" => plain(Intrinsic::LoadCg),
+            "store_vec" => plain(Intrinsic::StoreVec),
+            "atomic_add" => plain(Intrinsic::AtomicAdd),
+            _ => match Vector::from_rust_name(name) {
+                Some(v) => plain(Intrinsic::Make(v)),
+                None => {
+                    Err(format!("unknown function `{name}` in a kernel body (see kernel_dsl::intrinsic for the list)"))
+                }
+            },
+        }
+    }
+
+    /// Looks up a method (`x.exp()`, `a.max(b)`, `x.to_bits()`); the receiver becomes the first argument.
+    pub fn from_method(name: &str) -> Result<Intrinsic, String> {
+        match name {
+            "exp" => Ok(Intrinsic::Exp),
+            "ln" => Ok(Intrinsic::Ln),
+            "sqrt" => Ok(Intrinsic::Sqrt),
+            "rsqrt" => Ok(Intrinsic::Rsqrt),
+            "tanh" => Ok(Intrinsic::Tanh),
+            "abs" => Ok(Intrinsic::Abs),
+            "max" => Ok(Intrinsic::Max),
+            "min" => Ok(Intrinsic::Min),
+            "mul_add" => Ok(Intrinsic::Fma),
+            "to_bits" => Ok(Intrinsic::F32ToBits),
+            _ => Err(format!("unknown method `{name}` in a kernel body")),
+        }
+    }
+
+    /// Whether the call has an effect beyond its value, so it is never dropped or reordered.
+    pub fn has_effect(self) -> bool {
+        matches!(
+            self,
+            Intrinsic::SyncThreads
+                | Intrinsic::SyncWarp
+                | Intrinsic::ThreadFence
+                | Intrinsic::StoreVec
+                | Intrinsic::AtomicAdd
+                | Intrinsic::BlockSum
+                | Intrinsic::BlockMax
+        )
+    }
+
+    /// Types the call: the parameter types chosen for these arguments (open literals among them
+    /// settle to those) and the result type, or a message saying what is wrong.
+    pub fn signature(self, args: &[Type]) -> Result<Signature, String> {
+        use Intrinsic as I;
+        let f32 = Type::F32;
+        let u32 = Type::U32;
+        let sig = |params: Vec<Type>, ret: Type| Ok(Signature { params, ret });
+        let arity = |n: usize| -> Result<(), String> {
+            if args.len() == n {
+                Ok(())
+            } else {
+                Err(format!("takes {n} argument{}, {} given", if n == 1 { "" } else { "s" }, args.len()))
+            }
+        };
+        let want = |i: usize, t: Type| -> Result<(), String> {
+            if args[i] == t
+                || (args[i] == Type::FloatLit && t == Type::F32)
+                || (args[i] == Type::IntLit && t.is_int_like())
+            {
+                Ok(())
+            } else {
+                Err(format!("argument {} must be {t}, found {}", i + 1, args[i]))
+            }
+        };
+        match self {
+            I::ThreadIdx
+            | I::BlockIdx
+            | I::BlockIdxY
+            | I::BlockIdxZ
+            | I::BlockDim
+            | I::GridDim
+            | I::GridDimY
+            | I::LaneId
+            | I::WarpId
+            | I::Sm => {
+                arity(0)?;
+                sig(vec![], u32)
+            }
+            I::SyncThreads | I::SyncWarp | I::ThreadFence => {
+                arity(0)?;
+                sig(vec![], Type::Void)
+            }
+            I::ShflXor | I::ShflDown | I::Shfl => {
+                arity(2)?;
+                let t = match args[0].settled() {
+                    t @ Type::Scalar(Scalar::F32 | Scalar::U32 | Scalar::I32) => t,
+                    t => return Err(format!("shuffles move f32, u32 or i32 values, found {t}")),
+                };
+                want(1, u32)?;
+                sig(vec![t, u32], t)
+            }
+            I::WarpSum | I::WarpMax => {
+                arity(1)?;
+                want(0, f32)?;
+                sig(vec![f32], f32)
+            }
+            I::BlockSum | I::BlockMax => {
+                arity(2)?;
+                want(0, f32)?;
+                let scratch = Type::Array { elem: Elem::Scalar(Scalar::F32), space: Space::Shared };
+                if args[1] != scratch {
+                    return Err(format!(
+                        "argument 2 must be a shared f32 array with one slot per warp (`shared::<f32, WARPS>()`), found {}",
+                        args[1]
+                    ));
+                }
+                sig(vec![f32, scratch], f32)
+            }
+            I::Exp | I::Ln | I::Sqrt | I::Rsqrt | I::Tanh | I::Abs | I::Sigmoid | I::Silu | I::Softplus => {
+                arity(1)?;
+                want(0, f32)?;
+                sig(vec![f32], f32)
+            }
+            I::Max | I::Min => {
+                arity(2)?;
+                let t = crate::typing::unify(args[0], args[1])
+                    .filter(|t| t.settled().scalar().is_some_and(Scalar::is_arith))
+                    .ok_or_else(|| {
+                        format!("takes two values of one arithmetic type, found {} and {}", args[0], args[1])
+                    })?
+                    .settled();
+                sig(vec![t, t], t)
+            }
+            I::Fma => {
+                arity(3)?;
+                (0..3).try_for_each(|i| want(i, f32))?;
+                sig(vec![f32; 3], f32)
+            }
+            I::F32FromBits => {
+                arity(1)?;
+                want(0, u32)?;
+                sig(vec![u32], f32)
+            }
+            I::F32ToBits => {
+                arity(1)?;
+                want(0, f32)?;
+                sig(vec![f32], u32)
+            }
+            I::Bf16x2ToF32x2 => {
+                arity(1)?;
+                want(0, u32)?;
+                sig(vec![u32], Type::Vector(Vector::F32x2))
+            }
+            I::PackBf16x2 => {
+                arity(2)?;
+                want(0, f32)?;
+                want(1, f32)?;
+                sig(vec![f32, f32], u32)
+            }
+            I::DotBf16x4 => {
+                arity(2)?;
+                let v = Type::Vector(Vector::U32x2);
+                want(0, v)?;
+                want(1, v)?;
+                sig(vec![v, v], f32)
+            }
+            I::Make(v) => {
+                let lane = Type::Scalar(v.lane());
+                arity(usize::from(v.lanes()))?;
+                (0..args.len()).try_for_each(|i| want(i, lane))?;
+                sig(vec![lane; args.len()], Type::Vector(v))
+            }
+            I::DotBf16x8 => {
+                arity(2)?;
+                let v = Type::Vector(Vector::U32x4);
+                want(0, v)?;
+                want(1, v)?;
+                sig(vec![v, v], f32)
+            }
+            I::E4m3x4ToF32x4 | I::E2m1x4ToF32x4 => {
+                arity(1)?;
+                want(0, u32)?;
+                sig(vec![u32], Type::Vector(Vector::F32x4))
+            }
+            I::LoadVec(v) | I::LoadStream(v) => {
+                arity(2)?;
+                let base = args[0];
+                match (self, base) {
+                    (I::LoadVec(_), Type::Ptr { .. } | Type::Array { space: Space::Shared, .. }) => {}
+                    (I::LoadStream(v), Type::Ptr { mutable: false, .. }) if v.lane() == Scalar::U32 => {}
+                    (I::LoadStream(_), Type::Ptr { mutable: false, .. }) => {
+                        return Err("`load_stream` loads raw bits: use u32x4 or u32x2".to_owned());
+                    }
+                    (I::LoadStream(_), _) => {
+                        return Err(format!("argument 1 must be a read-only global pointer `&[T]`, found {base}"));
+                    }
+                    _ => return Err(format!("argument 1 must be a global pointer or a shared array, found {base}")),
+                }
+                let index = index_type(args[1])?;
+                sig(vec![base, index], Type::Vector(v))
+            }
+            I::LoadCg => {
+                arity(2)?;
+                let base = args[0];
+                match base {
+                    Type::Ptr { elem: Elem::Scalar(Scalar::F32 | Scalar::U32), .. } => {}
+                    _ => return Err(format!("argument 1 must be a global f32 or u32 pointer, found {base}")),
+                }
+                let index = index_type(args[1])?;
+                sig(vec![base, index], base.indexed().map_or(Type::Void, Elem::as_type))
+            }
+            I::StoreVec => {
+                arity(3)?;
+                let base = args[0];
+                match base {
+                    Type::Ptr { mutable: true, .. } | Type::Array { space: Space::Shared, .. } => {}
+                    _ => {
+                        return Err(format!(
+                            "argument 1 must be a mutable global pointer or a shared array, found {base}"
+                        ));
+                    }
+                }
+                let index = index_type(args[1])?;
+                match args[2] {
+                    Type::Vector(_) => {}
+                    t => return Err(format!("argument 3 must be a vector value (u32x4, f32x4, ...), found {t}")),
+                }
+                sig(vec![base, index, args[2]], Type::Void)
+            }
+            I::AtomicAdd => {
+                arity(3)?;
+                let base = args[0];
+                let elem = match base {
+                    Type::Ptr { mutable: true, elem: Elem::Scalar(s @ (Scalar::F32 | Scalar::U32 | Scalar::I32)) }
+                    | Type::Array {
+                        space: Space::Shared,
+                        elem: Elem::Scalar(s @ (Scalar::F32 | Scalar::U32 | Scalar::I32)),
+                    } => s,
+                    _ => {
+                        return Err(format!(
+                            "argument 1 must be a mutable f32, u32 or i32 pointer or shared array, found {base}"
+                        ));
+                    }
+                };
+                let index = index_type(args[1])?;
+                want(2, Type::Scalar(elem))?;
+                sig(vec![base, index, Type::Scalar(elem)], Type::Scalar(elem))
+            }
+        }
+    }
+
+    /// The prelude helpers this intrinsic's CUDA needs.
+    pub fn helpers(self) -> &'static [Helper] {
+        use Intrinsic as I;
+        match self {
+            I::WarpSum => &[Helper::WarpSum],
+            I::WarpMax => &[Helper::WarpMax],
+            I::BlockSum => &[Helper::BlockSum],
+            I::BlockMax => &[Helper::BlockMax],
+            I::Sigmoid => &[Helper::Sigmoid],
+            I::Silu => &[Helper::Silu],
+            I::Softplus => &[Helper::Softplus],
+            I::Bf16x2ToF32x2 => &[Helper::Bf16x2ToFloat2],
+            I::PackBf16x2 => &[Helper::PackBf16x2],
+            I::DotBf16x4 => &[Helper::DotBf16x4],
+            I::DotBf16x8 => &[Helper::DotBf16x8],
+            I::E4m3x4ToF32x4 => &[Helper::E4m3x4ToFloat4],
+            I::E2m1x4ToF32x4 => &[Helper::E2m1x4ToFloat4],
+            I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
+            I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],
+            I::LoadCg => &[Helper::LdCg],
+            _ => &[],
+        }
+    }
+}
+
+/// Indices are u32 (the usual case on a GPU), i32, or u64 for buffers past 4 GiB elements.
+fn index_type(t: Type) -> Result<Type, String> {
+    match t {
+        Type::IntLit => Ok(Type::U32),
+        Type::Scalar(Scalar::U32 | Scalar::I32 | Scalar::U64 | Scalar::I64) => Ok(t),
+        _ => Err(format!("an index must be u32, i32, u64 or i64, found {t}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve() {
+        assert_eq!(Intrinsic::from_function("thread_idx", None), Ok(Intrinsic::ThreadIdx));
+        assert_eq!(Intrinsic::from_function("load_vec", Some("u32x4")), Ok(Intrinsic::LoadVec(Vector::U32x4)));
+        assert!(Intrinsic::from_function("load_vec", None).is_err());
+        assert!(Intrinsic::from_function("load_vec", Some("u8")).is_err());
+        assert!(Intrinsic::from_function("thread_idx", Some("u32")).is_err());
+        assert!(Intrinsic::from_function("printf", None).is_err());
+        assert_eq!(Intrinsic::from_method("mul_add"), Ok(Intrinsic::Fma));
+    }
+
+    #[test]
+    fn signatures_check_arity_and_types() {
+        let s = Intrinsic::Max.signature(&[Type::IntLit, Type::U32]).expect("max(u32)");
+        assert_eq!(s.ret, Type::U32);
+        assert!(Intrinsic::Max.signature(&[Type::F32, Type::U32]).is_err());
+        assert!(Intrinsic::Exp.signature(&[]).is_err());
+        assert!(Intrinsic::Exp.signature(&[Type::U32]).is_err());
+        let s = Intrinsic::Exp.signature(&[Type::FloatLit]).expect("exp(literal)");
+        assert_eq!(s.params, [Type::F32]);
+        let ptr = Type::Ptr { elem: Elem::Scalar(Scalar::Bf16), mutable: false };
+        let s = Intrinsic::LoadStream(Vector::U32x4).signature(&[ptr, Type::IntLit]).expect("load_stream");
+        assert_eq!(s.params[1], Type::U32);
+        let mut_ptr = Type::Ptr { elem: Elem::Scalar(Scalar::Bf16), mutable: true };
+        assert!(Intrinsic::LoadStream(Vector::U32x4).signature(&[mut_ptr, Type::U32]).is_err());
+        let counters = Type::Ptr { elem: Elem::Scalar(Scalar::U32), mutable: true };
+        let s = Intrinsic::AtomicAdd.signature(&[counters, Type::U32, Type::IntLit]).expect("atomic_add");
+        assert_eq!(s.ret, Type::U32);
+        assert!(Intrinsic::AtomicAdd.signature(&[ptr, Type::U32, Type::IntLit]).is_err());
+    }
+}

@@ -1,0 +1,51 @@
+//! `#[kernel]`: a GPU kernel written as a Rust function, lowered at compile time to a
+//! `kernel-dsl` template, with a typed launcher.
+//!
+//! ```ignore
+//! /// y = W·x for a bf16 matrix, one warp per ROWS rows.
+//! #[kernel(
+//!     block = 32 * WARPS,
+//!     grid = div_ceil(rows, WARPS * ROWS),
+//!     require(cols % 256 == 0),
+//! )]
+//! pub fn gemv(
+//!     #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
+//!     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
+//!     w: &[bf16], x: &[bf16], y: &mut [bf16], rows: u32, cols: u32,
+//! ) {
+//!     let first = (block_idx() * WARPS + warp_id()) * ROWS;
+//!     #[unroll]
+//!     for r in 0..ROWS { /* ... */ }
+//! }
+//! ```
+//!
+//! The function becomes a module of the same name holding `Tiles` (the `#[tile]` parameters, with
+//! their defaults and candidates), `Args` (the other parameters as device pointers and scalars),
+//! `Kernel` (implementing `kernel_dsl::KernelDef`: the template, the launch dimensions, the
+//! constraint checks) and `ERASED` (the kernel seen as `&dyn kernel_dsl::AnyKernel`).
+//!
+//! The body is a Rust subset: `let` and `let mut` (scalars, vectors, `[v; N]` local arrays,
+//! `shared::<T, N>()` shared arrays), assignment and compound assignment, `if`/`else` (also as a
+//! value), `for` over `a..b` or `(a..b).step_by(s)` with `#[unroll]` or `#[unroll(n)]`, `while`,
+//! `loop`, `break`, `continue`, `return`, arithmetic, comparisons, `as` casts, indexing, vector
+//! lanes (`v.x`) and the intrinsics of `kernel_dsl::intrinsic`. `raw_cuda::<T>("...{0}...", args)`
+//! is the escape hatch for an instruction the DSL lacks. Types follow Rust: no implicit
+//! conversions; a literal takes the type of what it meets, u32 or f32 when nothing decides. A
+//! mistake is reported at its span when the crate compiles.
+
+mod error;
+mod generate;
+mod parse;
+mod paths;
+
+use proc_macro::TokenStream;
+
+/// Turns a Rust function into a kernel template with its launcher. See the crate documentation.
+#[proc_macro_attribute]
+pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item2: proc_macro2::TokenStream = item.into();
+    match parse::kernel::parse(attr.into(), item2.clone()) {
+        Ok(decl) => generate::kernel::generate(&decl).into(),
+        Err(err) => error::into_tokens(err, item2).into(),
+    }
+}

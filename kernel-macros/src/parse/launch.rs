@@ -1,0 +1,127 @@
+//! The `#[kernel(...)]` attribute: the block size (from tiles alone), the grid (from tiles and
+//! scalar arguments) and the requirements, which are checked before any launch.
+
+use std::collections::BTreeSet;
+
+use syn::punctuated::Punctuated;
+use syn::visit::Visit;
+use syn::{Expr, Ident, Meta, Token};
+
+/// A `require(...)` condition.
+pub(crate) struct Requirement {
+    pub(crate) expr: Expr,
+    /// The tile and argument names it reads, for the error message.
+    pub(crate) names: Vec<Ident>,
+    /// True when it reads tiles only: then it constrains the tile space and is checked when a
+    /// kernel is specialised; otherwise it is checked for each launch.
+    pub(crate) tiles_only: bool,
+}
+
+pub(crate) struct LaunchDecl {
+    pub(crate) block: Expr,
+    /// One to three dimensions.
+    pub(crate) grid: Vec<Expr>,
+    pub(crate) requires: Vec<Requirement>,
+}
+
+/// The names a launch expression may read.
+pub(crate) struct Scope<'a> {
+    pub(crate) tiles: &'a [Ident],
+    pub(crate) scalars: &'a [Ident],
+}
+
+pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::Result<LaunchDecl> {
+    let metas = syn::parse::Parser::parse2(Punctuated::<Meta, Token![,]>::parse_terminated, attr.clone())?;
+    let mut block = None;
+    let mut grid = None;
+    let mut requires = Vec::new();
+    for meta in metas {
+        match meta {
+            Meta::NameValue(nv) if nv.path.is_ident("block") => {
+                let names = names_in(&nv.value, scope)?;
+                if let Some(arg) = names.iter().find(|n| scope.scalars.contains(n)) {
+                    return Err(syn::Error::new_spanned(
+                        arg,
+                        "the block size depends on tiles alone (it is the kernel's __launch_bounds__)",
+                    ));
+                }
+                block = Some(nv.value);
+            }
+            Meta::NameValue(nv) if nv.path.is_ident("grid") => {
+                let dims: Vec<Expr> = match nv.value {
+                    Expr::Tuple(t) => t.elems.into_iter().collect(),
+                    e => vec![e],
+                };
+                if dims.is_empty() || dims.len() > 3 {
+                    return Err(syn::Error::new_spanned(&nv.path, "the grid has one to three dimensions"));
+                }
+                for d in &dims {
+                    names_in(d, scope)?;
+                }
+                grid = Some(dims);
+            }
+            Meta::List(list) if list.path.is_ident("require") => {
+                let exprs = list.parse_args_with(Punctuated::<Expr, Token![,]>::parse_terminated)?;
+                for expr in exprs {
+                    let names: Vec<Ident> = names_in(&expr, scope)?.into_iter().collect();
+                    let tiles_only = names.iter().all(|n| scope.tiles.contains(n));
+                    requires.push(Requirement { expr, names, tiles_only });
+                }
+            }
+            other => {
+                return Err(syn::Error::new_spanned(
+                    other,
+                    "expected `block = ...`, `grid = ...` or `require(...)` in #[kernel(...)]",
+                ));
+            }
+        }
+    }
+    let missing =
+        |what: &str| syn::Error::new(proc_macro2::Span::call_site(), format!("#[kernel] needs `{what} = ...`"));
+    Ok(LaunchDecl {
+        block: block.ok_or_else(|| missing("block"))?,
+        grid: grid.ok_or_else(|| missing("grid"))?,
+        requires,
+    })
+}
+
+/// The tile and scalar names an expression reads; an unknown name is an error at its span.
+fn names_in(expr: &Expr, scope: &Scope<'_>) -> syn::Result<BTreeSet<Ident>> {
+    struct Names<'a> {
+        scope: &'a Scope<'a>,
+        found: BTreeSet<Ident>,
+        error: Option<syn::Error>,
+    }
+    impl<'ast> Visit<'ast> for Names<'_> {
+        fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
+            // The function (div_ceil, max, ...) is host Rust; only its arguments are names to check.
+            for arg in &call.args {
+                self.visit_expr(arg);
+            }
+        }
+        fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+            self.visit_expr(&call.receiver);
+            for arg in &call.args {
+                self.visit_expr(arg);
+            }
+        }
+        fn visit_expr_path(&mut self, p: &'ast syn::ExprPath) {
+            if let Some(id) = p.path.get_ident() {
+                if self.scope.tiles.contains(id) || self.scope.scalars.contains(id) {
+                    self.found.insert(id.clone());
+                } else if self.error.is_none() {
+                    self.error = Some(syn::Error::new_spanned(
+                        id,
+                        format!("`{id}` is neither a tile nor a scalar parameter of this kernel"),
+                    ));
+                }
+            }
+        }
+    }
+    let mut v = Names { scope, found: BTreeSet::new(), error: None };
+    v.visit_expr(expr);
+    match v.error {
+        Some(e) => Err(e),
+        None => Ok(v.found),
+    }
+}

@@ -1,0 +1,8 @@
+//! From the syntax of a `#[kernel]` function to its description. Each module here has its twin in
+//! `generate/`: `kernel` (the whole declaration), `tiles` (the `#[tile]` parameters), `launch` (the
+//! attribute's grid, block and requirements) and `body` (the body, lowered to IR and type-checked).
+
+pub(crate) mod body;
+pub(crate) mod kernel;
+pub(crate) mod launch;
+pub(crate) mod tiles;
