@@ -1,4 +1,9 @@
 //! The engine: kernels described in the DSL, their CPU references, and the CUDA runtime that
-//! compiles them with NVRTC and launches them.
+//! compiles them with NVRTC (no CUDA toolkit needed at build time) and launches them.
 
+pub mod cuda;
+pub mod error;
 pub mod kernels;
+pub mod reference;
+
+pub use error::{Error, Result};

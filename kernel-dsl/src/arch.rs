@@ -65,7 +65,7 @@ impl Arch {
 
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.nvrtc_target())
+        f.pad(self.nvrtc_target())
     }
 }
 

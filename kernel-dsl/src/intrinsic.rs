@@ -156,6 +156,24 @@ impl Intrinsic {
         }
     }
 
+    /// The launch geometry and the target: values fixed for the whole launch.
+    pub fn is_geometry(self) -> bool {
+        use Intrinsic as I;
+        matches!(
+            self,
+            I::ThreadIdx
+                | I::BlockIdx
+                | I::BlockIdxY
+                | I::BlockIdxZ
+                | I::BlockDim
+                | I::GridDim
+                | I::GridDimY
+                | I::LaneId
+                | I::WarpId
+                | I::Sm
+        )
+    }
+
     /// Whether the call has an effect beyond its value, so it is never dropped or reordered.
     pub fn has_effect(self) -> bool {
         matches!(

@@ -68,7 +68,7 @@ pub fn specialize(
     if let Some((extra, _)) = tiles.iter().find(|(n, _)| !template.tiles.iter().any(|t| t.name == *n)) {
         return Err(fail(format!("`{extra}` is not a tile parameter of this kernel")));
     }
-    if block_threads == 0 || block_threads > Arch::MAX_THREADS_PER_BLOCK || block_threads % 32 != 0 {
+    if block_threads == 0 || block_threads > Arch::MAX_THREADS_PER_BLOCK || !block_threads.is_multiple_of(32) {
         return Err(fail(format!(
             "{block_threads} threads per block: a block is 32 to {} threads, whole warps",
             Arch::MAX_THREADS_PER_BLOCK
@@ -149,15 +149,21 @@ impl Folder<'_> {
                 match cond.as_lit() {
                     Some(Lit::Bool(true)) => out.extend(self.block(then)),
                     Some(Lit::Bool(false)) => out.extend(self.block(els)),
-                    _ => out.push(Stmt::If { cond, then: self.block(then), els: self.block(els) }),
+                    _ => {
+                        let (then, els) = (self.block(then), self.block(els));
+                        // Nothing to do either way, and a condition without effects: no statement.
+                        if !(then.is_empty() && els.is_empty() && !has_effect(&cond)) {
+                            out.push(Stmt::If { cond, then, els })
+                        }
+                    }
                 }
             }
             Stmt::For { var, ty, start, end, step, unroll, body } => {
                 let (start, end, step) = (self.expr(start), self.expr(end), self.expr(step));
-                if let (Some(Lit::Int(a)), Some(Lit::Int(b))) = (start.as_lit(), end.as_lit()) {
-                    if a >= b {
-                        return;
-                    }
+                if let (Some(Lit::Int(a)), Some(Lit::Int(b))) = (start.as_lit(), end.as_lit())
+                    && a >= b
+                {
+                    return;
                 }
                 let unroll = match unroll {
                     Unroll::ByTile(name) => match self.tiles.iter().find(|(n, _)| n == name) {
@@ -166,7 +172,10 @@ impl Folder<'_> {
                     },
                     u => u.clone(),
                 };
-                out.push(Stmt::For { var: var.clone(), ty: *ty, start, end, step, unroll, body: self.block(body) })
+                let body = self.block(body);
+                if !body.is_empty() || [&start, &end, &step].into_iter().any(has_effect) {
+                    out.push(Stmt::For { var: var.clone(), ty: *ty, start, end, step, unroll, body })
+                }
             }
             Stmt::While { cond, body } => {
                 let cond = self.expr(cond);
@@ -233,6 +242,17 @@ impl Folder<'_> {
         };
         Expr::new(kind, ty)
     }
+}
+
+/// Whether evaluating `e` does something beyond producing its value.
+fn has_effect(e: &Expr) -> bool {
+    let mut effect = false;
+    e.visit(&mut |x| match &x.kind {
+        ExprKind::Call(f, _) if f.has_effect() => effect = true,
+        ExprKind::Raw(..) => effect = true,
+        _ => {}
+    });
+    effect
 }
 
 /// Wraps an integer to the range of `ty`, as the machine does.

@@ -22,3 +22,9 @@ pub(crate) fn launch() -> TokenStream {
     let dsl = dsl();
     quote!(#dsl::launch)
 }
+
+/// A name for the generated code's own locals and parameters. Mixed-site hygiene keeps it apart
+/// from the kernel's names, so a parameter called `tiles` or a tile called `OUT` cannot clash.
+pub(crate) fn local(name: &str) -> proc_macro2::Ident {
+    proc_macro2::Ident::new(name, proc_macro2::Span::mixed_site())
+}

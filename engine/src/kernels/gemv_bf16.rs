@@ -20,9 +20,9 @@ use kernel_macros::kernel;
 pub fn gemv_bf16(
     #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 1, candidates = [1, 2, 4, 8])] K_SPLIT: u32,
+    #[tile(default = 1, candidates = [1, 2, 4, 8, 16])] K_SPLIT: u32,
     #[tile(default = 8, candidates = [4, 8])] VEC: u32,
-    #[tile(default = 4, candidates = [1, 2, 4])] UNROLL: u32,
+    #[tile(default = 2, candidates = [1, 2, 4])] UNROLL: u32,
     w: &[bf16],
     x: &[bf16],
     y: &mut [bf16],

@@ -16,7 +16,15 @@ use prelude::Helper;
 
 /// The complete CUDA source of a kernel.
 pub fn cuda(kernel: &Kernel) -> String {
-    let mut e = Emitter { out: String::new(), indent: 1 };
+    let mut mutable = BTreeSet::new();
+    for s in &kernel.body {
+        s.visit(&mut |s| {
+            if let Stmt::Let { name, mutable: true, .. } = s {
+                mutable.insert(name.clone());
+            }
+        });
+    }
+    let mut e = Emitter { out: String::new(), indent: 1, mutable };
     for s in &kernel.body {
         e.stmt(s);
     }
@@ -114,7 +122,6 @@ fn conversion(from: Type, to: Type) -> Option<Helper> {
 }
 
 fn param_decl(name: &str, ty: Type) -> String {
-    let name = c_name(name);
     match ty {
         Type::Ptr { elem, mutable: false } => format!("const {}* __restrict__ {name}", elem.cuda_name()),
         Type::Ptr { elem, mutable: true } => format!("{}* __restrict__ {name}", elem.cuda_name()),
@@ -125,8 +132,10 @@ fn param_decl(name: &str, ty: Type) -> String {
     }
 }
 
-/// C and CUDA words a Rust identifier may collide with get a trailing underscore.
-fn c_name(name: &str) -> String {
+/// Whether a name must not be used for a kernel variable: a C or C++ keyword, a CUDA built-in or
+/// function the emitted code calls, a prelude helper, or a name with a leading double underscore
+/// (which the emitter keeps for its own temporaries). `#[kernel]` gives such variables other names.
+pub fn is_reserved(name: &str) -> bool {
     const RESERVED: &[&str] = &[
         "auto",
         "bool",
@@ -134,6 +143,7 @@ fn c_name(name: &str) -> String {
         "catch",
         "char",
         "class",
+        "const",
         "default",
         "delete",
         "double",
@@ -181,45 +191,49 @@ fn c_name(name: &str) -> String {
         "uint4",
         "float2",
         "float4",
+        "max",
+        "min",
+        "expf",
+        "logf",
+        "log1pf",
+        "sqrtf",
+        "rsqrtf",
+        "tanhf",
+        "fabsf",
+        "fmaxf",
+        "fminf",
+        "fmaf",
+        "atomicAdd",
+        "make_uint2",
+        "make_uint4",
+        "make_float2",
+        "make_float4",
+        "reinterpret_cast",
     ];
-    let helper_name = [
-        "bf16_to_f32",
-        "f32_to_bf16",
-        "f16_to_f32",
-        "f32_to_f16",
-        "f16x2_to_float2",
-        "e4m3_to_f32",
-        "bf16x2_to_float2",
-        "pack_bf16x2",
-        "dot_bf16x4",
-        "dot_bf16x8",
-        "e4m3x4_to_float4",
-        "e2m1_to_f32",
-        "e2m1x4_to_float4",
-        "warp_sum",
-        "warp_max",
-        "block_sum",
-        "block_max",
-        "sigmoid",
-        "silu",
-        "softplus",
-        "ld_stream_u32x4",
-        "ld_stream_u32x2",
-        "ld_cg",
-    ];
-    if RESERVED.contains(&name) || helper_name.contains(&name) || name.starts_with("__") {
-        format!("{name}_")
-    } else {
-        name.to_owned()
-    }
+    RESERVED.contains(&name) || prelude::HELPER_FUNCTIONS.contains(&name) || name.starts_with("__")
 }
 
 struct Emitter {
     out: String,
     indent: usize,
+    /// The kernel's `let mut` variables.
+    mutable: BTreeSet<String>,
 }
 
 impl Emitter {
+    /// Whether the value of `e` can change while a loop runs: it reads a mutable variable or
+    /// memory, or calls something other than the launch geometry.
+    fn varies(&self, e: &Expr) -> bool {
+        let mut varies = false;
+        e.visit(&mut |x| match &x.kind {
+            ExprKind::Var(n) if self.mutable.contains(n) => varies = true,
+            ExprKind::Index(..) | ExprKind::Raw(..) => varies = true,
+            ExprKind::Call(f, _) if !f.is_geometry() => varies = true,
+            _ => {}
+        });
+        varies
+    }
+
     fn line(&mut self, text: &str) {
         for _ in 0..self.indent {
             self.out.push_str("    ");
@@ -265,23 +279,28 @@ impl Emitter {
         match s {
             Stmt::Let { name, ty, mutable, init } => {
                 let konst = if *mutable { "" } else { "const " };
-                let head = format!("{konst}{} {} = ", type_name(*ty), c_name(name));
+                let head = format!("{konst}{} {name} = ", type_name(*ty));
                 self.wrapped(&head, init, ";");
             }
             Stmt::Array { name, elem, len, space, fill } => {
-                let n = expr(len);
-                let name = c_name(name);
-                match space {
-                    Space::Shared => self.line(&format!("__shared__ __align__(16) {} {name}[{n}];", elem.cuda_name())),
-                    Space::Local => match fill {
-                        Some(f) if is_zero(f) => self.line(&format!("{} {name}[{n}] = {{}};", elem.cuda_name())),
-                        Some(f) => {
-                            self.line(&format!("{} {name}[{n}];", elem.cuda_name()));
-                            self.line("#pragma unroll");
-                            self.line(&format!("for (int i_ = 0; i_ < {n}; ++i_) {name}[i_] = {};", expr(f)));
-                        }
-                        None => self.line(&format!("{} {name}[{n}];", elem.cuda_name())),
-                    },
+                let n = len.as_u32().map_or_else(|| expr(len), |v| v.to_string());
+                let t = elem.cuda_name();
+                match (space, fill) {
+                    (Space::Shared, _) => self.line(&format!("__shared__ __align__(16) {t} {name}[{n}];")),
+                    (Space::Local, Some(f)) if is_zero(f) => self.line(&format!("{t} {name}[{n}] = {{}};")),
+                    (Space::Local, Some(f)) => {
+                        // `[fill; N]` evaluates its fill once, as Rust does.
+                        let fill = if f.as_lit().is_some() {
+                            expr(f)
+                        } else {
+                            self.line(&format!("const {t} __fill_{name} = {};", expr(f)));
+                            format!("__fill_{name}")
+                        };
+                        self.line(&format!("{t} {name}[{n}];"));
+                        self.line("#pragma unroll");
+                        self.line(&format!("for (int __i = 0; __i < {n}; ++__i) {name}[__i] = {fill};"));
+                    }
+                    (Space::Local, None) => self.line(&format!("{t} {name}[{n}];")),
                 }
             }
             Stmt::Assign { place, op, value } => {
@@ -318,13 +337,26 @@ impl Emitter {
                     // Resolved when the template is specialised.
                     Unroll::ByTile(_) => {}
                 }
-                let v = c_name(var);
+                // Rust evaluates the range once; C re-evaluates the condition and the increment on
+                // every iteration. Where that could differ (a mutable variable, a load, a call),
+                // the end and step are computed once, in the loop's initialiser.
+                let v = var;
+                let mut init = format!("{} {v} = {}", ty.cuda_name(), expr(start));
+                let mut once = |e: &Expr, what: &str| {
+                    if self.varies(e) {
+                        init.push_str(&format!(", __{v}_{what} = {}", expr(e)));
+                        format!("__{v}_{what}")
+                    } else {
+                        expr(e)
+                    }
+                };
+                let end = once(end, "end");
                 let inc = if step.as_lit() == Some(Lit::Int(1)) {
                     format!("++{v}")
                 } else {
-                    format!("{v} += {}", expr(step))
+                    format!("{v} += {}", once(step, "step"))
                 };
-                self.line(&format!("for ({} {v} = {}; {v} < {}; {inc}) {{", ty.cuda_name(), expr(start), expr(end)));
+                self.line(&format!("for ({init}; {v} < {end}; {inc}) {{"));
                 self.stmts(body);
                 self.line("}");
             }
@@ -336,7 +368,11 @@ impl Emitter {
             Stmt::Break => self.line("break;"),
             Stmt::Continue => self.line("continue;"),
             Stmt::Return => self.line("return;"),
-            Stmt::Expr(e) => self.line(&format!("{};", expr(e))),
+            Stmt::Expr(Expr { kind: ExprKind::Raw(text, args), .. }) => {
+                let t = raw_text(text, args);
+                self.line(&format!("{t}{}", if t.trim_end().ends_with(';') { "" } else { ";" }));
+            }
+            Stmt::Expr(e) => self.wrapped("", e, ";"),
         }
     }
 }
@@ -384,7 +420,7 @@ pub fn expr(e: &Expr) -> String {
 fn expr_prec(e: &Expr) -> (String, u8) {
     match &e.kind {
         ExprKind::Lit(l) => literal(*l, e.ty),
-        ExprKind::Var(name) | ExprKind::Tile(name) => (c_name(name), PREC_PRIMARY),
+        ExprKind::Var(name) | ExprKind::Tile(name) => (name.clone(), PREC_PRIMARY),
         ExprKind::Unary(op, a) => {
             let (t, p) = expr_prec(a);
             let t = if p < PREC_UNARY || t.starts_with('-') { format!("({t})") } else { t };
@@ -419,22 +455,25 @@ fn expr_prec(e: &Expr) -> (String, u8) {
             let t = if p < PREC_PRIMARY { format!("({t})") } else { t };
             (format!("{t}.{}", Vector::LANE_NAMES[usize::from(*lane)]), PREC_PRIMARY)
         }
-        ExprKind::Call(f, args) => (call(*f, args), PREC_PRIMARY),
+        ExprKind::Call(f, args) => call(*f, args),
         ExprKind::Select(c, a, b) => {
             let wrap = |x: &Expr| {
                 let (t, p) = expr_prec(x);
-                if p <= PREC_TERNARY { format!("({t})") } else { t }
+                if p <= precedence(BinOp::And) { format!("({t})") } else { t }
             };
             (format!("{} ? {} : {}", wrap(c), wrap(a), wrap(b)), PREC_TERNARY)
         }
-        ExprKind::Raw(text, args) => {
-            let mut t = text.clone();
-            for (i, a) in args.iter().enumerate() {
-                t = t.replace(&format!("{{{i}}}"), &format!("({})", expr(a)));
-            }
-            (format!("({t})"), PREC_PRIMARY)
-        }
+        ExprKind::Raw(text, args) => (format!("({})", raw_text(text, args)), PREC_PRIMARY),
     }
+}
+
+/// The escape hatch's text with its arguments in place of `{0}`, `{1}`, ...
+fn raw_text(text: &str, args: &[Expr]) -> String {
+    let mut t = text.to_owned();
+    for (i, a) in args.iter().enumerate() {
+        t = t.replace(&format!("{{{i}}}"), &expr_prec_min(a, PREC_PRIMARY));
+    }
+    t
 }
 
 /// Parentheses C does not need but a reader wants: bit operations and shifts mixed with other
@@ -444,7 +483,8 @@ fn clearer_with_parens(parent: BinOp, child: BinOp) -> bool {
         return false;
     }
     let bits = |o: BinOp| o.is_bitwise();
-    (bits(parent) || bits(child)) || (parent.is_logical() && child.is_logical())
+    let comparison_in_equality = matches!(parent, BinOp::Eq | BinOp::Ne) && child.is_comparison();
+    (bits(parent) || bits(child)) || (parent.is_logical() && child.is_logical()) || comparison_in_equality
 }
 
 fn literal(l: Lit, ty: Type) -> (String, u8) {
@@ -470,8 +510,13 @@ fn literal(l: Lit, ty: Type) -> (String, u8) {
             }
         }
         (Lit::Int(v), Type::Scalar(s)) => match s {
-            Scalar::U32 => (format!("{v}u"), PREC_PRIMARY),
-            Scalar::U64 => (format!("{v}ull"), PREC_PRIMARY),
+            Scalar::U32 | Scalar::U64 => {
+                let suffix = if s == Scalar::U32 { "u" } else { "ull" };
+                // Masks (0xff, 0xffff, 0x7fffffff) read better in hex.
+                let mask = v >= 0xff && (v + 1) & v == 0;
+                if mask { (format!("{v:#x}{suffix}"), PREC_PRIMARY) } else { (format!("{v}{suffix}"), PREC_PRIMARY) }
+            }
+            Scalar::I64 if v == i128::from(i64::MIN) => ("(-9223372036854775807ll - 1)".into(), PREC_PRIMARY),
             Scalar::I64 => neg(format!("{v}ll")),
             Scalar::I32 if v == i128::from(i32::MIN) => ("(-2147483647 - 1)".into(), PREC_PRIMARY),
             Scalar::I32 => neg(v.to_string()),
@@ -500,6 +545,9 @@ fn cast(a: &Expr, to: Type) -> (String, u8) {
 
 /// `base + index` for the address of an element.
 fn address(base: &Expr, index: &Expr) -> String {
+    if matches!(index.as_lit(), Some(Lit::Int(0))) {
+        return expr(base);
+    }
     format!("{} + {}", expr(base), expr_prec_min(index, 13))
 }
 
@@ -509,7 +557,28 @@ fn expr_prec_min(e: &Expr, min: u8) -> String {
     if p < min { format!("({t})") } else { t }
 }
 
-fn call(f: Intrinsic, args: &[Expr]) -> String {
+/// A call's text and precedence.
+fn call(f: Intrinsic, args: &[Expr]) -> (String, u8) {
+    use Intrinsic as I;
+    let text = match f {
+        I::LaneId => return ("threadIdx.x & 31u".into(), precedence(BinOp::BitAnd)),
+        I::WarpId => return ("threadIdx.x >> 5".into(), precedence(BinOp::Shr)),
+        I::LoadVec(v) => {
+            let konst = match args[0].ty {
+                Type::Ptr { mutable: false, .. } => "const ",
+                _ => "",
+            };
+            return (
+                format!("*reinterpret_cast<{konst}{}*>({})", v.cuda_name(), address(&args[0], &args[1])),
+                PREC_UNARY,
+            );
+        }
+        _ => call_text(f, args),
+    };
+    (text, PREC_PRIMARY)
+}
+
+fn call_text(f: Intrinsic, args: &[Expr]) -> String {
     use Intrinsic as I;
     let a: Vec<String> = args.iter().map(expr).collect();
     let join = |name: &str| format!("{name}({})", a.join(", "));
@@ -521,8 +590,7 @@ fn call(f: Intrinsic, args: &[Expr]) -> String {
         I::BlockDim => "blockDim.x".into(),
         I::GridDim => "gridDim.x".into(),
         I::GridDimY => "gridDim.y".into(),
-        I::LaneId => "(threadIdx.x & 31u)".into(),
-        I::WarpId => "(threadIdx.x >> 5)".into(),
+        I::LaneId | I::WarpId | I::LoadVec(_) => unreachable!("handled by call()"),
         I::Sm => "(__CUDA_ARCH__ / 10)".into(),
         I::SyncThreads => "__syncthreads()".into(),
         I::SyncWarp => "__syncwarp()".into(),
@@ -557,13 +625,6 @@ fn call(f: Intrinsic, args: &[Expr]) -> String {
         I::Make(v) => join(&format!("make_{}", v.cuda_name())),
         I::E4m3x4ToF32x4 => join("e4m3x4_to_float4"),
         I::E2m1x4ToF32x4 => join("e2m1x4_to_float4"),
-        I::LoadVec(v) => {
-            let konst = match args[0].ty {
-                Type::Ptr { mutable: false, .. } => "const ",
-                _ => "",
-            };
-            format!("*reinterpret_cast<{konst}{}*>({})", v.cuda_name(), address(&args[0], &args[1]))
-        }
         I::LoadStream(v) => {
             // Typing admits only the u32 forms: the loads move raw bits.
             let f = if v.lanes() == 4 { "ld_stream_u32x4" } else { "ld_stream_u32x2" };
@@ -612,9 +673,10 @@ mod tests {
     }
 
     #[test]
-    fn reserved_names_are_renamed() {
-        assert_eq!(c_name("float"), "float_");
-        assert_eq!(c_name("warp_sum"), "warp_sum_");
-        assert_eq!(c_name("acc"), "acc");
+    fn reserved_names() {
+        for n in ["float", "warp_sum", "max", "__x", "threadIdx"] {
+            assert!(is_reserved(n), "{n}");
+        }
+        assert!(!is_reserved("acc"));
     }
 }

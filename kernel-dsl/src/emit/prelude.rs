@@ -6,6 +6,33 @@
 
 use crate::arch::Arch;
 
+/// The names of the prelude's functions, which kernel variables must not take.
+pub const HELPER_FUNCTIONS: &[&str] = &[
+    "bf16_to_f32",
+    "f32_to_bf16",
+    "f16_to_f32",
+    "f32_to_f16",
+    "f16x2_to_float2",
+    "e4m3_to_f32",
+    "bf16x2_to_float2",
+    "pack_bf16x2",
+    "dot_bf16x4",
+    "dot_bf16x8",
+    "e4m3x4_to_float4",
+    "e2m1_to_f32",
+    "e2m1x4_to_float4",
+    "warp_sum",
+    "warp_max",
+    "block_sum",
+    "block_max",
+    "sigmoid",
+    "silu",
+    "softplus",
+    "ld_stream_u32x4",
+    "ld_stream_u32x2",
+    "ld_cg",
+];
+
 /// One helper (a type or a device function) of the prelude.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Helper {

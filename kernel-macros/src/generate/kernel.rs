@@ -24,11 +24,12 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
         let ty = t.ty.rebuild();
         quote!(#ir::TileParam { name: ::std::string::String::from(#n), ty: #ty })
     });
-    let params_ir = decl.ir_params().into_iter().map(|p| p.rebuild()).collect::<Vec<_>>();
+    let params_ir = decl.ir_params.iter().map(Rebuild::rebuild).collect::<Vec<_>>();
     let body_ir = decl.body.iter().map(Rebuild::rebuild);
     let tiles = super::tiles::generate(decl);
     let args = super::launch::generate_args(decl);
     let launch_dims = super::launch::generate_launch_dims(decl);
+    let (tiles_arg, args_arg) = (paths::local("tiles"), paths::local("args"));
     quote! {
         #(#doc_attrs)*
         #[allow(non_snake_case, non_camel_case_types, clippy::all)]
@@ -62,7 +63,7 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
                 }
 
                 #[allow(non_snake_case, unused_variables)]
-                fn launch_dims(tiles: &Tiles, args: &Args) -> ::std::result::Result<#launch::LaunchDims, #launch::LaunchError> {
+                fn launch_dims(#tiles_arg: &Tiles, #args_arg: &Args) -> ::std::result::Result<#launch::LaunchDims, #launch::LaunchError> {
                     #launch_dims
                 }
             }

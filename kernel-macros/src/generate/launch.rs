@@ -73,10 +73,11 @@ pub(crate) fn generate_args(decl: &KernelDecl) -> TokenStream {
 pub(crate) fn generate_launch_dims(decl: &KernelDecl) -> TokenStream {
     let launch = paths::launch();
     let kernel_name = decl.name.to_string();
-    let tile_binds = super::tiles::bind_tiles(decl, &quote!(tiles));
+    let (tiles, args, grid) = (paths::local("tiles"), paths::local("args"), paths::local("grid"));
+    let tile_binds = super::tiles::bind_tiles(decl, &quote!(#tiles));
     let scalar_binds = decl.params.iter().filter(|p| matches!(p.ty, Type::Scalar(_))).map(|p| {
         let name = &p.name;
-        quote!(let #name = args.#name;)
+        quote!(let #name = #args.#name;)
     });
     let checks = decl.launch.requires.iter().filter(|r| !r.tiles_only).map(|r| {
         let expr = &r.expr;
@@ -96,25 +97,25 @@ pub(crate) fn generate_launch_dims(decl: &KernelDecl) -> TokenStream {
             }
         }
     });
-    let mut grid: Vec<TokenStream> = decl.launch.grid.iter().map(|g| quote!(#g)).collect();
-    while grid.len() < 3 {
-        grid.push(quote!(1u32));
+    let mut grid_dims: Vec<TokenStream> = decl.launch.grid.iter().map(|g| quote!(#g)).collect();
+    while grid_dims.len() < 3 {
+        grid_dims.push(quote!(1u32));
     }
     quote! {
-        <Tiles as #launch::TileSet>::check(tiles)?;
+        <Tiles as #launch::TileSet>::check(#tiles)?;
         #tile_binds
         #(#scalar_binds)*
         #(#checks)*
-        let grid: [u32; 3] = [#(#grid),*];
-        if grid.iter().any(|&g| g == 0) {
+        let #grid: [u32; 3] = [#(#grid_dims),*];
+        if #grid.iter().any(|&g| g == 0) {
             return ::std::result::Result::Err(#launch::LaunchError {
                 kernel: #kernel_name,
-                message: ::std::format!("an empty grid {:?}: nothing to do for these arguments", grid),
+                message: ::std::format!("an empty grid {:?}: nothing to do for these arguments", #grid),
             });
         }
         ::std::result::Result::Ok(#launch::LaunchDims {
-            grid,
-            block: [<Tiles as #launch::TileSet>::block_threads(tiles), 1, 1],
+            grid: #grid,
+            block: [<Tiles as #launch::TileSet>::block_threads(#tiles), 1, 1],
             dynamic_shared_bytes: 0,
         })
     }

@@ -64,9 +64,10 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
             quote!(#f)
         })
         .collect();
+    let (t, out) = (paths::local("t"), paths::local("out"));
     let mut product = quote! {
-        let t = Tiles { #(#defaults_again),* };
-        if #dsl::TileSet::check(&t).is_ok() { out.push(t); }
+        let #t = Tiles { #(#defaults_again),* };
+        if #dsl::TileSet::check(&#t).is_ok() { #out.push(#t); }
     };
     for t in decl.tiles.iter().rev() {
         let f = t.field();
@@ -86,6 +87,7 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
             }
         }
     });
+    let threads = paths::local("threads");
     let block = &decl.launch.block;
     let block_text = quote!(#block).to_string();
     quote! {
@@ -101,20 +103,20 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
             }
 
             fn candidates() -> ::std::vec::Vec<Self> {
-                let mut out = ::std::vec::Vec::new();
+                let mut #out = ::std::vec::Vec::new();
                 #product
-                out
+                #out
             }
 
             #[allow(non_snake_case, unused_variables)]
             fn check(&self) -> ::std::result::Result<(), #launch::LaunchError> {
                 #binds
                 #(#checks)*
-                let threads: u32 = #block;
-                if threads == 0 || threads % 32 != 0 || threads > 1024 {
+                let #threads: u32 = #block;
+                if #threads == 0 || #threads % 32 != 0 || #threads > 1024 {
                     return ::std::result::Result::Err(#launch::LaunchError {
                         kernel: #kernel_name,
-                        message: ::std::format!("tiles {:?} give {} threads per block (`{}`); a block is 32 to 1024 threads, whole warps", self, threads, #block_text),
+                        message: ::std::format!("tiles {:?} give {} threads per block (`{}`); a block is 32 to 1024 threads, whole warps", self, #threads, #block_text),
                     });
                 }
                 ::std::result::Result::Ok(())

@@ -15,8 +15,14 @@ use quote::ToTokens;
 use super::kernel::{ParamDecl, elem};
 use super::tiles::TileDecl;
 
+/// A lowered body, with the C names chosen for the parameters (in their order).
+pub(crate) struct Lowered {
+    pub(crate) body: Vec<Stmt>,
+    pub(crate) param_names: Vec<String>,
+}
+
 /// Lowers the body of a kernel.
-pub(crate) fn lower(block: &syn::Block, tiles: &[TileDecl], params: &[ParamDecl]) -> syn::Result<Vec<Stmt>> {
+pub(crate) fn lower(block: &syn::Block, tiles: &[TileDecl], params: &[ParamDecl]) -> syn::Result<Lowered> {
     let mut cx = Lower { scopes: vec![HashMap::new()], used: HashSet::new(), loops: 0 };
     for t in tiles {
         let name = t.name.to_string();
@@ -26,11 +32,14 @@ pub(crate) fn lower(block: &syn::Block, tiles: &[TileDecl], params: &[ParamDecl]
         };
         cx.bind(&name, Binding { c_name: name.clone(), ty, kind: Kind::Tile });
     }
+    let mut param_names = Vec::new();
     for p in params {
         let name = p.name.to_string();
-        cx.bind(&name, Binding { c_name: name.clone(), ty: p.ty, kind: Kind::Param });
+        let c_name = cx.fresh(&name);
+        param_names.push(c_name.clone());
+        cx.bind(&name, Binding { c_name, ty: p.ty, kind: Kind::Param });
     }
-    cx.block_stmts(&block.stmts)
+    Ok(Lowered { body: cx.block_stmts(&block.stmts)?, param_names })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -66,12 +75,20 @@ impl Lower {
         }
     }
 
-    /// A C name for a new local: the Rust name, numbered if the kernel already uses it.
+    /// A C name for a new variable: the Rust name, numbered if the kernel already uses it, with a
+    /// trailing underscore if C or CUDA reserves it (`float` → `float_`).
     fn fresh(&self, rust_name: &str) -> String {
-        if !self.used.contains(rust_name) {
-            return rust_name.to_owned();
+        let base = if rust_name.starts_with("__") {
+            format!("v{rust_name}")
+        } else if kernel_dsl::emit::is_reserved(rust_name) {
+            format!("{rust_name}_")
+        } else {
+            rust_name.to_owned()
+        };
+        if !self.used.contains(&base) {
+            return base;
         }
-        (1..).map(|i| format!("{rust_name}_{i}")).find(|n| !self.used.contains(n)).unwrap_or_default()
+        (1..).map(|i| format!("{base}_{i}")).find(|n| !self.used.contains(n)).unwrap_or_default()
     }
 
     fn lookup(&self, name: &str) -> Option<&Binding> {
@@ -116,7 +133,10 @@ impl Lower {
     }
 
     fn local(&mut self, l: &syn::Local, out: &mut Vec<Stmt>) -> syn::Result<()> {
-        // `let (a, b) = (x, y);` is two lets, in order.
+        if let Some(a) = l.attrs.first() {
+            return err(a, "the only attribute in a kernel body is #[unroll] on a `for` loop");
+        }
+        // `let (a, b) = (x, y);` is two lets.
         if let (syn::Pat::Tuple(pats), Some(init)) = (&l.pat, &l.init) {
             let syn::Expr::Tuple(values) = strip_parens(&init.expr) else {
                 return err(&init.expr, "a tuple pattern takes a tuple of values: `let (a, b) = (x, y);`");
@@ -124,15 +144,28 @@ impl Lower {
             if pats.elems.len() != values.elems.len() {
                 return err(l, "the pattern and the tuple have different lengths");
             }
+            // Every value is computed before any name is bound, so `let (a, b) = (b, a);` swaps.
+            let mut bindings = Vec::new();
             for (p, v) in pats.elems.iter().zip(&values.elems) {
-                let single = syn::Local {
-                    attrs: vec![],
-                    let_token: l.let_token,
-                    pat: p.clone(),
-                    init: Some(syn::LocalInit { eq_token: init.eq_token, expr: Box::new(v.clone()), diverge: None }),
-                    semi_token: l.semi_token,
+                let syn::Pat::Ident(pi) = p else {
+                    return err(p, "each name of a tuple `let` is a plain name");
                 };
-                self.local(&single, out)?;
+                if pi.by_ref.is_some() || pi.subpat.is_some() {
+                    return err(pi, "each name of a tuple `let` is a plain name");
+                }
+                let mut value = self.expr(v)?;
+                settle_default(&mut value, v)?;
+                if !matches!(value.ty, Type::Scalar(_) | Type::Vector(_)) {
+                    return err(v, format!("a tuple `let` binds scalars and vectors, not {}", value.ty));
+                }
+                bindings.push((pi, value));
+            }
+            for (pi, value) in bindings {
+                let rust_name = pi.ident.to_string();
+                let c_name = self.fresh(&rust_name);
+                let (ty, mutable) = (value.ty, pi.mutability.is_some());
+                out.push(Stmt::Let { name: c_name.clone(), ty, mutable, init: value });
+                self.bind(&rust_name, Binding { c_name, ty, kind: Kind::Local { mutable } });
             }
             return Ok(());
         }
@@ -217,10 +250,24 @@ impl Lower {
     fn length(&mut self, e: &syn::Expr) -> syn::Result<Expr> {
         let mut len = self.expr(e)?;
         coerce(&mut len, Type::U32, e)?;
+        let mut variable = None;
+        len.visit(&mut |x| {
+            if let ExprKind::Var(n) = &x.kind {
+                variable.get_or_insert_with(|| n.clone());
+            }
+        });
+        if let Some(n) = variable {
+            return err(e, format!("an array length is a constant of literals and tiles; `{n}` is a variable"));
+        }
         Ok(len)
     }
 
     fn expr_stmt(&mut self, e: &syn::Expr, out: &mut Vec<Stmt>) -> syn::Result<()> {
+        if !matches!(e, syn::Expr::ForLoop(_))
+            && let Some(a) = expr_attrs(e).first()
+        {
+            return err(a, "the only attribute in a kernel body is #[unroll] on a `for` loop");
+        }
         match e {
             syn::Expr::If(i) => {
                 let s = self.if_stmt(i)?;
@@ -310,6 +357,9 @@ impl Lower {
                 }
                 settle_default(&mut v, e)?;
                 out.push(Stmt::Expr(v));
+            }
+            syn::Expr::Match(m) => {
+                return err(m.match_token, "`match` is not available in a kernel; use `if` / `else if`");
             }
             other => return err(other, "this expression is not a statement of a kernel body"),
         }
@@ -404,10 +454,10 @@ impl Lower {
             Some(s) => {
                 let mut e = self.expr(s)?;
                 coerce(&mut e, ty, s)?;
-                if let Some(Lit::Int(v)) = e.as_lit() {
-                    if v <= 0 {
-                        return err(s, "the step must be positive");
-                    }
+                if let Some(Lit::Int(v)) = e.as_lit()
+                    && v <= 0
+                {
+                    return err(s, "the step must be positive");
                 }
                 e
             }
@@ -415,7 +465,13 @@ impl Lower {
         // A loop variable is scoped to its `for` in C too, so it keeps its Rust name unless that
         // would hide a visible binding.
         let rust_name = pi.ident.to_string();
-        let var = if self.lookup(&rust_name).is_some() { self.fresh(&rust_name) } else { rust_name.clone() };
+        let var = if self.lookup(&rust_name).is_some() || kernel_dsl::emit::is_reserved(&rust_name) {
+            self.fresh(&rust_name)
+        } else {
+            rust_name.clone()
+        };
+        // Inside the loop, a `let` of the same name must not redeclare it in C.
+        self.used.insert(var.clone());
         self.loops += 1;
         let body = self.scoped(|cx| {
             cx.scopes
@@ -689,7 +745,17 @@ impl Lower {
     fn intrinsic(&mut self, f: Intrinsic, args: Vec<&syn::Expr>, span: &dyn ToTokens) -> syn::Result<Expr> {
         let mut lowered = args.iter().map(|a| self.expr(a)).collect::<syn::Result<Vec<_>>>()?;
         let types: Vec<Type> = lowered.iter().map(|a| a.ty).collect();
-        let sig = f.signature(&types).or_else(|m| err(span, format!("`{}`: {m}", name_of(span))))?;
+        let sig = f.signature(&types).or_else(|m| {
+            // "argument N ..." messages point at that argument.
+            let arg = m
+                .strip_prefix("argument ")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|n| n.parse::<usize>().ok());
+            match arg.and_then(|n| args.get(n.wrapping_sub(1))) {
+                Some(a) => err(a, format!("`{}`: {m}", name_of(span))),
+                None => err(span, format!("`{}`: {m}", name_of(span))),
+            }
+        })?;
         for ((a, want), src) in lowered.iter_mut().zip(&sig.params).zip(&args) {
             coerce(a, *want, src)?;
         }
@@ -752,10 +818,11 @@ fn settle_default(e: &mut Expr, src: &dyn ToTokens) -> syn::Result<()> {
 fn check_literals(e: &Expr, src: &dyn ToTokens) -> syn::Result<()> {
     let mut bad = None;
     e.visit(&mut |x| {
-        if let (ExprKind::Lit(Lit::Int(v)), Type::Scalar(s)) = (&x.kind, x.ty) {
-            if !typing::int_fits(*v, s) && bad.is_none() {
-                bad = Some((*v, s));
-            }
+        if let (ExprKind::Lit(Lit::Int(v)), Type::Scalar(s)) = (&x.kind, x.ty)
+            && !typing::int_fits(*v, s)
+            && bad.is_none()
+        {
+            bad = Some((*v, s));
         }
     });
     match bad {
@@ -837,8 +904,31 @@ fn compound_op(op: &syn::BinOp) -> Option<BinOp> {
 fn is_block_like(e: &syn::Expr) -> bool {
     matches!(
         e,
-        syn::Expr::If(_) | syn::Expr::ForLoop(_) | syn::Expr::While(_) | syn::Expr::Loop(_) | syn::Expr::Block(_)
+        syn::Expr::If(_)
+            | syn::Expr::ForLoop(_)
+            | syn::Expr::While(_)
+            | syn::Expr::Loop(_)
+            | syn::Expr::Block(_)
+            | syn::Expr::Match(_)
     )
+}
+
+/// The outer attributes of a statement expression.
+fn expr_attrs(e: &syn::Expr) -> &[syn::Attribute] {
+    match e {
+        syn::Expr::If(x) => &x.attrs,
+        syn::Expr::While(x) => &x.attrs,
+        syn::Expr::Loop(x) => &x.attrs,
+        syn::Expr::Block(x) => &x.attrs,
+        syn::Expr::Assign(x) => &x.attrs,
+        syn::Expr::Binary(x) => &x.attrs,
+        syn::Expr::Call(x) => &x.attrs,
+        syn::Expr::MethodCall(x) => &x.attrs,
+        syn::Expr::Break(x) => &x.attrs,
+        syn::Expr::Continue(x) => &x.attrs,
+        syn::Expr::Return(x) => &x.attrs,
+        _ => &[],
+    }
 }
 
 fn strip_parens(e: &syn::Expr) -> &syn::Expr {

@@ -25,12 +25,8 @@ pub(crate) struct KernelDecl {
     pub(crate) params: Vec<ParamDecl>,
     pub(crate) launch: LaunchDecl,
     pub(crate) body: Vec<Stmt>,
-}
-
-impl KernelDecl {
-    pub(crate) fn ir_params(&self) -> Vec<Param> {
-        self.params.iter().map(|p| Param { name: p.name.to_string(), ty: p.ty }).collect()
-    }
+    /// The parameters as the emitted CUDA names them (C-safe forms of the Rust names).
+    pub(crate) ir_params: Vec<Param>,
 }
 
 pub(crate) fn parse(attr: TokenStream, item: TokenStream) -> syn::Result<KernelDecl> {
@@ -86,8 +82,17 @@ pub(crate) fn parse(attr: TokenStream, item: TokenStream) -> syn::Result<KernelD
             return Err(syn::Error::new_spanned(n, format!("`{n}` is declared twice")));
         }
     }
+    for (i, t) in tiles.iter().enumerate() {
+        if let Some(other) = tiles[..i].iter().find(|o| o.field() == t.field()) {
+            return Err(syn::Error::new_spanned(
+                &t.name,
+                format!("`{}` and `{}` would share the field `{}` of `Tiles`", other.name, t.name, t.field()),
+            ));
+        }
+    }
     let launch = launch::parse(attr, &launch::Scope { tiles: &tile_names, scalars: &scalar_names })?;
-    let body = super::body::lower(&f.block, &tiles, &params)?;
+    let lowered = super::body::lower(&f.block, &tiles, &params)?;
+    let ir_params = params.iter().zip(lowered.param_names).map(|(p, name)| Param { name, ty: p.ty }).collect();
 
     let doc = f
         .attrs
@@ -103,7 +108,16 @@ pub(crate) fn parse(attr: TokenStream, item: TokenStream) -> syn::Result<KernelD
             _ => None,
         })
         .collect();
-    Ok(KernelDecl { vis: f.vis.clone(), name: sig.ident.clone(), doc, tiles, params, launch, body })
+    Ok(KernelDecl {
+        vis: f.vis.clone(),
+        name: sig.ident.clone(),
+        doc,
+        tiles,
+        params,
+        launch,
+        body: lowered.body,
+        ir_params,
+    })
 }
 
 fn param(pt: &syn::PatType) -> syn::Result<ParamDecl> {
@@ -147,23 +161,23 @@ fn param_type(ty: &syn::Type) -> syn::Result<Type> {
 
 /// A scalar or vector type name.
 pub(crate) fn elem(ty: &syn::Type) -> syn::Result<Elem> {
-    if let syn::Type::Path(p) = ty {
-        if let Some(id) = p.path.get_ident() {
-            let name = id.to_string();
-            if let Some(s) = Scalar::from_rust_name(&name) {
-                return Ok(Elem::Scalar(s));
-            }
-            if let Some(v) = Vector::from_rust_name(&name) {
-                return Ok(Elem::Vector(v));
-            }
-            let hint = match name.as_str() {
-                "f64" => ": kernels compute in f32",
-                "usize" | "isize" => ": use u32 (or u64 for byte offsets past 4 GiB)",
-                "i8" | "i16" => ": narrow signed integers are not supported",
-                _ => "",
-            };
-            return Err(syn::Error::new_spanned(id, format!("`{name}` is not a kernel type{hint}")));
+    if let syn::Type::Path(p) = ty
+        && let Some(id) = p.path.get_ident()
+    {
+        let name = id.to_string();
+        if let Some(s) = Scalar::from_rust_name(&name) {
+            return Ok(Elem::Scalar(s));
         }
+        if let Some(v) = Vector::from_rust_name(&name) {
+            return Ok(Elem::Vector(v));
+        }
+        let hint = match name.as_str() {
+            "f64" => ": kernels compute in f32",
+            "usize" | "isize" => ": use u32 (or u64 for byte offsets past 4 GiB)",
+            "i8" | "i16" => ": narrow signed integers are not supported",
+            _ => "",
+        };
+        return Err(syn::Error::new_spanned(id, format!("`{name}` is not a kernel type{hint}")));
     }
     Err(syn::Error::new_spanned(ty, "expected a type name such as f32, u32, bf16 or u32x4"))
 }

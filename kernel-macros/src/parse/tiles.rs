@@ -29,6 +29,13 @@ pub(crate) fn parse(attr: &syn::Attribute, pat: &syn::PatType) -> syn::Result<Ti
         syn::Pat::Ident(p) if p.by_ref.is_none() && p.mutability.is_none() && p.subpat.is_none() => p.ident.clone(),
         other => return Err(syn::Error::new_spanned(other, "a tile parameter is a plain name, like `ROWS: u32`")),
     };
+    let lower = name.to_string().to_lowercase();
+    if syn::parse_str::<Ident>(&lower).is_err() {
+        return Err(syn::Error::new_spanned(
+            &name,
+            format!("`{name}` cannot name a tile: `{lower}`, its field, is a Rust keyword"),
+        ));
+    }
     let ty = match &*pat.ty {
         syn::Type::Path(p) if p.path.is_ident("u32") => TileType::U32,
         syn::Type::Path(p) if p.path.is_ident("bool") => TileType::Bool,
@@ -77,7 +84,10 @@ pub(crate) fn parse(attr: &syn::Attribute, pat: &syn::PatType) -> syn::Result<Ti
 fn value(e: &Expr, ty: TileType) -> syn::Result<TileValue> {
     match (e, ty) {
         (Expr::Lit(l), TileType::U32) => match &l.lit {
-            Lit::Int(i) => Ok(TileValue::U32(i.base10_parse::<u32>()?)),
+            Lit::Int(i) => i
+                .base10_parse::<u32>()
+                .map(TileValue::U32)
+                .map_err(|_| syn::Error::new_spanned(i, "a u32 tile value is an integer from 0 to 4294967295")),
             other => Err(syn::Error::new_spanned(other, "a u32 tile takes integer values")),
         },
         (Expr::Lit(l), TileType::Bool) => match &l.lit {

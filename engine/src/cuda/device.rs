@@ -1,0 +1,205 @@
+//! The GPU: its context, the one stream everything runs on, its properties, memory, and the
+//! kernels compiled for it.
+//!
+//! Event tracking is switched off before the first allocation: with one stream, order is the
+//! stream's, and cudarc's per-buffer events would otherwise break CUDA-graph capture.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytemuck::Pod;
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use kernel_dsl::{Arch, KernelDef, KernelKey};
+
+use super::buffer::DeviceBuffer;
+use super::cache::{self, CompileCache};
+use super::kernel::LoadedKernel;
+use crate::error::{DriverContext, Error, Result};
+
+/// What the engine needs to know about the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub arch: Arch,
+    pub sm_count: u32,
+    pub l2_bytes: u64,
+    pub total_memory: u64,
+    /// Shared memory one block may use once it opts in.
+    pub max_shared_per_block: u32,
+}
+
+/// An open GPU with its stream and compiled kernels.
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    cache: CompileCache,
+    modules: Mutex<HashMap<KernelKey, Arc<cudarc::driver::CudaModule>>>,
+}
+
+/// Whether a CUDA driver is installed and sees at least one device; says why not otherwise.
+pub fn probe() -> Result<i32> {
+    // SAFETY: probing the driver library by name has no effect beyond loading it.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(Error::NoDevice("the CUDA driver library (libcuda.so) is not installed".into()));
+    }
+    cudarc::driver::result::init().during("initialising the CUDA driver")?;
+    let n = CudaContext::device_count().during("counting CUDA devices")?;
+    if n == 0 {
+        return Err(Error::NoDevice("the CUDA driver sees no device".into()));
+    }
+    Ok(n)
+}
+
+impl Gpu {
+    /// Opens device `ordinal` with the default on-disk kernel cache.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        Gpu::open_with_cache(ordinal, CompileCache::new(cache::default_dir()))
+    }
+
+    pub fn open_with_cache(ordinal: usize, cache: CompileCache) -> Result<Gpu> {
+        let count = probe()?;
+        if ordinal >= count as usize {
+            return Err(Error::NoDevice(format!("device {ordinal} asked for, {count} present")));
+        }
+        let ctx = CudaContext::new(ordinal).during("creating the CUDA context")?;
+        // SAFETY: no buffer exists yet in this context (the stated precondition).
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().during("reading the compute capability")?;
+        let arch = Arch::from_compute_capability(major, minor).map_err(Error::NoDevice)?;
+        let attr = |a: Attr| ctx.attribute(a).during("reading device attributes");
+        let info = DeviceInfo {
+            name: ctx.name().during("reading the device name")?,
+            compute_capability: (major, minor),
+            arch,
+            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+            total_memory: ctx.total_mem().during("reading the memory size")? as u64,
+            max_shared_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
+        };
+        // The legacy default stream cannot be captured into a graph: a stream of our own.
+        let stream = ctx.new_stream().during("creating the stream")?;
+        Ok(Gpu { ctx, stream, info, cache, modules: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    pub fn arch(&self) -> Arch {
+        self.info.arch
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn compile_cache(&self) -> &CompileCache {
+        &self.cache
+    }
+
+    /// Waits for everything enqueued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().during("synchronising the stream")
+    }
+
+    /// `len` elements, zero-filled.
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::Buffer(format!("{len} elements overflow")))?;
+        let free = self.ctx.mem_get_info().map(|(free, _)| free).unwrap_or(usize::MAX);
+        if bytes > free {
+            return Err(Error::Buffer(format!(
+                "asked for {bytes} bytes of device memory, {free} free on {}",
+                self.info.name
+            )));
+        }
+        let slice = self.stream.alloc_zeros::<u8>(bytes.max(1)).during("allocating device memory")?;
+        Ok(DeviceBuffer::from_bytes(slice, len))
+    }
+
+    /// A device copy of `host`.
+    pub fn upload<T: Pod>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut buf = self.alloc::<T>(host.len())?;
+        self.write(&mut buf, host)?;
+        Ok(buf)
+    }
+
+    /// Overwrites `buf` with `host` (same length).
+    pub fn write<T: Pod>(&self, buf: &mut DeviceBuffer<T>, host: &[T]) -> Result<()> {
+        if host.len() != buf.len() {
+            return Err(Error::Buffer(format!("writing {} elements into a buffer of {}", host.len(), buf.len())));
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(host);
+        let mut view = buf.bytes.slice_mut(..bytes.len());
+        self.stream.memcpy_htod(bytes, &mut view).during("copying to the device")
+    }
+
+    /// The contents of `buf`, after the work enqueued before.
+    pub fn download<T: Pod>(&self, buf: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        let mut host = vec![T::zeroed(); buf.len()];
+        if !host.is_empty() {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut host);
+            let n = bytes.len();
+            self.stream.memcpy_dtoh(&buf.bytes.slice(..n), bytes).during("copying from the device")?;
+        }
+        self.synchronize()?;
+        Ok(host)
+    }
+
+    /// Sets every byte of `buf` to `byte`: poison for tests that must see every element written.
+    pub fn fill_bytes<T: Pod>(&self, buf: &mut DeviceBuffer<T>, byte: u8) -> Result<()> {
+        let n = buf.size_bytes();
+        let (ptr, _sync) = buf.bytes.device_ptr_mut(&self.stream);
+        // SAFETY: `ptr` addresses `n` bytes owned by `buf`, which outlives the enqueued memset
+        // because the stream is synchronised before any buffer is freed (cudarc frees on the stream).
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, byte, n, self.stream.cu_stream()) }
+            .during("filling device memory")
+    }
+
+    /// Copies `src` into `dst` on the device (equal lengths).
+    pub fn copy<T: Pod>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::Buffer(format!("copying {} elements into a buffer of {}", src.len(), dst.len())));
+        }
+        let n = src.size_bytes();
+        let (s, _a) = src.bytes.device_ptr(&self.stream);
+        let (d, _b) = dst.bytes.device_ptr_mut(&self.stream);
+        // SAFETY: both ranges are `n` bytes of live buffers, and they are distinct allocations.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, n, self.stream.cu_stream()) }
+            .during("copying on the device")
+    }
+
+    /// Kernel `K` at `tiles`, compiled for this device (through the caches) and loaded.
+    pub fn kernel<K: KernelDef>(&self, tiles: K::Tiles) -> Result<LoadedKernel<K>> {
+        let spec = K::specialize(&tiles, self.arch())?;
+        let cubin = self.cache.get(&spec)?;
+        let module = {
+            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            match modules.get(&spec.key) {
+                Some(m) => Arc::clone(m),
+                None => {
+                    let m = self
+                        .ctx
+                        .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.image.clone()))
+                        .during(&format!("loading kernel {}", spec.key))?;
+                    modules.insert(spec.key.clone(), Arc::clone(&m));
+                    m
+                }
+            }
+        };
+        let function = module.load_function(K::NAME).during(&format!("finding the entry of {}", spec.key))?;
+        Ok(LoadedKernel::new(tiles, spec.key, cubin.resources, module, function))
+    }
+}

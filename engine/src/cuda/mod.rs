@@ -1,0 +1,15 @@
+//! The CUDA runtime, on cudarc's driver API: NVRTC and its caches, the device and its one stream,
+//! buffers, compiled kernels and their launches, event timing.
+
+pub mod buffer;
+pub mod cache;
+pub mod device;
+pub mod graph;
+pub mod kernel;
+pub mod nvrtc;
+pub mod timing;
+
+pub use buffer::DeviceBuffer;
+pub use device::{DeviceInfo, Gpu};
+pub use graph::Graph;
+pub use kernel::LoadedKernel;
