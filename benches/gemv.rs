@@ -34,9 +34,10 @@ fn cases() -> Vec<Case> {
             cols: 2560,
             variants: vec![
                 ("default", d),
-                ("rows4", gemv_bf16::Tiles { rows: 4, ..d }),
+                ("unroll1", gemv_bf16::Tiles { unroll: 1, ..d }),
+                ("unroll4", gemv_bf16::Tiles { unroll: 4, ..d }),
+                ("rows1", gemv_bf16::Tiles { rows: 1, ..d }),
                 ("warps8", gemv_bf16::Tiles { warps: 8, ..d }),
-                ("unroll2", gemv_bf16::Tiles { unroll: 2, ..d }),
             ],
         },
         Case {
@@ -46,6 +47,8 @@ fn cases() -> Vec<Case> {
                 ("default", d),
                 ("split4", gemv_bf16::Tiles { k_split: 4, ..d }),
                 ("split8", gemv_bf16::Tiles { k_split: 8, ..d }),
+                ("split16v4", gemv_bf16::Tiles { k_split: 16, vec: 4, ..d }),
+                ("split8r1", gemv_bf16::Tiles { k_split: 8, rows: 1, ..d }),
             ],
         },
     ]
@@ -69,7 +72,7 @@ fn buffers(gpu: &Gpu, rng: &mut Rng, rows: usize, cols: usize) -> Buffers {
         weights: (0..copies).map(|_| gpu.upload(&w).expect("upload W")).collect(),
         x: gpu.upload(&rng.bf16_normal(cols, 1.0)).expect("upload x"),
         y: gpu.alloc(rows).expect("alloc y"),
-        partial: gpu.alloc(8 * rows).expect("alloc partials"),
+        partial: gpu.alloc(16 * rows).expect("alloc partials"),
         counters: gpu.alloc(rows).expect("alloc counters"),
     }
 }
@@ -90,7 +93,7 @@ fn graph(gpu: &Gpu, b: &mut Buffers, tiles: gemv_bf16::Tiles, rows: usize, cols:
         cols: cols as u32,
     };
     let a = args(b, 0);
-    // SAFETY: every W copy is rows×cols, x cols, y rows, partial 8·rows, counters rows.
+    // SAFETY: every W copy is rows×cols, x cols, y rows, partial 16·rows, counters rows.
     unsafe { k.launch(gpu, &a) }.expect("launch");
     gpu.synchronize().expect("sync");
     gpu.capture(|| {

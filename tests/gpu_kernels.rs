@@ -34,7 +34,7 @@ impl GemvCase {
         let (wf, xf) = (to_f32(&w), to_f32(&x));
         let want = reference::gemv::gemv(&wf, &xf, rows, cols);
         let magnitude = reference::gemv::gemv_magnitudes(&wf, &xf, cols);
-        let max_split = 8;
+        let max_split = 16;
         GemvCase {
             dw: gpu.upload(&w).expect("upload W"),
             dx: gpu.upload(&x).expect("upload x"),
@@ -62,7 +62,7 @@ impl GemvCase {
             rows: rows as u32,
             cols: cols as u32,
         };
-        // SAFETY: W is rows×cols, x cols, y rows, partial 8·rows ≥ K_SPLIT·rows, counters rows ≥ grid.x.
+        // SAFETY: W is rows×cols, x cols, y rows, partial 16·rows ≥ K_SPLIT·rows, counters rows ≥ grid.x.
         unsafe { k.launch(gpu, &args) }.map_err(|e| e.to_string())?;
         let y = gpu.download(&self.dy).map_err(|e| e.to_string())?;
         Ok(to_f32(&y))
@@ -93,11 +93,11 @@ fn gemv_matches_the_reference_for_every_valid_tile_set() {
         let large = rows * cols > 1 << 20;
         let mut tested = 0;
         for tiles in gemv_bf16::Tiles::candidates() {
-            // Every candidate on the small shapes; at full size the defaults and every split.
-            if large
-                && (tiles.rows, tiles.warps, tiles.vec, tiles.unroll) != (2, 4, 8, 4)
-                && tiles != gemv_bf16::Tiles::DEFAULT
-            {
+            // Every candidate on the small shapes; at full size the defaults with every split and
+            // vector width.
+            let split_variant =
+                gemv_bf16::Tiles { k_split: tiles.k_split, vec: tiles.vec, ..gemv_bf16::Tiles::DEFAULT };
+            if large && tiles != split_variant {
                 continue;
             }
             let args_ok = gemv_bf16::Kernel::launch_dims(

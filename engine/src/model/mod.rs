@@ -1,0 +1,8 @@
+//! The model as stored: its configuration, its checkpoint, NVFP4 weights, the n-gram hash, and
+//! every weight read and checked.
+
+pub mod checkpoint;
+pub mod config;
+pub mod ngram_hash;
+pub mod nvfp4;
+pub mod weights;
