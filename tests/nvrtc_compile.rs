@@ -36,6 +36,9 @@ fn every_kernel_compiles_for_every_arch_without_spills_at_default_tiles() {
                         r.shared_bytes,
                         c.image.len()
                     );
+                    if !r.reported {
+                        problems.push(format!("NVRTC's log for {} has no ptxas report; the log:\n{}", spec.key, c.log));
+                    }
                     if r.spills() || c.image.is_empty() {
                         problems.push(format!("{} spills at its default tiles on {arch}", spec.key));
                     }

@@ -115,6 +115,8 @@ pub struct Resources {
     pub spill_load_bytes: u32,
     pub stack_frame_bytes: u32,
     pub shared_bytes: u32,
+    /// Whether the log held ptxas's report at all; without it the numbers above are unknown, not 0.
+    pub reported: bool,
 }
 
 impl Resources {
@@ -127,6 +129,7 @@ impl Resources {
                 line[..i].split_whitespace().last()?.parse().ok()
             };
             if line.contains("registers") {
+                r.reported = true;
                 r.registers = number_before(" registers").unwrap_or(0);
                 r.shared_bytes = number_before(" bytes smem").unwrap_or(0);
             }
@@ -257,10 +260,12 @@ mod tests {
                 spill_store_bytes: 4,
                 spill_load_bytes: 12,
                 stack_frame_bytes: 8,
-                shared_bytes: 32
+                shared_bytes: 32,
+                reported: true,
             }
         );
         assert!(r.spills());
+        assert!(!Resources::from_log("").reported);
     }
 
     #[test]

@@ -573,6 +573,13 @@ impl Lower {
                         coerce(&mut r, Type::U32, &b.right)?;
                     }
                     check_literals(&r, &b.right)?;
+                    // Shifting by the width or more is undefined in C (and a panic in Rust).
+                    if let (Some(Lit::Int(n)), Type::Scalar(s)) = (r.as_lit(), l.ty) {
+                        let bits = i128::from(s.size_bytes() * 8);
+                        if !(0..bits).contains(&n) {
+                            return err(b, format!("shifting a {s} by {n}: the amount must be below {bits}"));
+                        }
+                    }
                 } else {
                     typing::settle(&mut l, operand);
                     typing::settle(&mut r, operand);

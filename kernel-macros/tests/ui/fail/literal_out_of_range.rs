@@ -12,3 +12,8 @@ fn too_wide(y: &mut [u32], n: u32) {
 }
 
 fn main() {}
+
+#[kernel(block = 32, grid = 1)]
+fn shift_too_far(y: &mut [u32]) {
+    y[0] = 1u32 << 40;
+}
