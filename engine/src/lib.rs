@@ -4,6 +4,7 @@
 pub mod cuda;
 pub mod error;
 pub mod kernels;
+pub mod layers;
 pub mod model;
 pub mod reference;
 

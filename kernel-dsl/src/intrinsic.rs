@@ -54,6 +54,12 @@ pub enum Intrinsic {
     DotBf16x8,
     E4m3x4ToF32x4,
     E2m1x4ToF32x4,
+    /// Σ of 16 E2M1 values (`u32x2`, element 0 in the low nibble) times 16 activations that
+    /// `stage_e2m1_x8` staged; f16 products, an f32 result.
+    DotE2m1x16,
+    /// Eight activations (two `f32x4`, already divided by their scale) as f16 pairs in the order
+    /// this architecture's E2M1 decode produces them.
+    StageE2m1x8,
     /// A vector from its lanes: `u32x4(a, b, c, d)`.
     Make(Vector),
     // Memory.
@@ -62,6 +68,7 @@ pub enum Intrinsic {
     LoadCg,
     StoreVec,
     AtomicAdd,
+    AtomicMax,
 }
 
 /// The concrete parameter types an intrinsic takes for given arguments, and what it returns.
@@ -125,6 +132,9 @@ impl Intrinsic {
             "dot_bf16x8" => plain(Intrinsic::DotBf16x8),
             "e4m3x4_to_f32x4" => plain(Intrinsic::E4m3x4ToF32x4),
             "e2m1x4_to_f32x4" => plain(Intrinsic::E2m1x4ToF32x4),
+            "dot_e2m1x16" => plain(Intrinsic::DotE2m1x16),
+            "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
+            "atomic_max" => plain(Intrinsic::AtomicMax),
             "load_vec" => vector().map(Intrinsic::LoadVec),
             "load_stream" => vector().map(Intrinsic::LoadStream),
             "load_cg" => plain(Intrinsic::LoadCg),
@@ -183,6 +193,7 @@ impl Intrinsic {
                 | Intrinsic::ThreadFence
                 | Intrinsic::StoreVec
                 | Intrinsic::AtomicAdd
+                | Intrinsic::AtomicMax
                 | Intrinsic::BlockSum
                 | Intrinsic::BlockMax
         )
@@ -304,6 +315,21 @@ impl Intrinsic {
                 want(1, v)?;
                 sig(vec![v, v], f32)
             }
+            I::DotE2m1x16 => {
+                arity(3)?;
+                let (w, x) = (Type::Vector(Vector::U32x2), Type::Vector(Vector::U32x4));
+                want(0, w)?;
+                want(1, x)?;
+                want(2, x)?;
+                sig(vec![w, x, x], f32)
+            }
+            I::StageE2m1x8 => {
+                arity(2)?;
+                let v = Type::Vector(Vector::F32x4);
+                want(0, v)?;
+                want(1, v)?;
+                sig(vec![v, v], Type::Vector(Vector::U32x4))
+            }
             I::Make(v) => {
                 let lane = Type::Scalar(v.lane());
                 arity(usize::from(v.lanes()))?;
@@ -367,6 +393,22 @@ impl Intrinsic {
                 }
                 sig(vec![base, index, args[2]], Type::Void)
             }
+            I::AtomicMax => {
+                arity(3)?;
+                let base = args[0];
+                let elem = match base {
+                    Type::Ptr { mutable: true, elem: Elem::Scalar(s @ (Scalar::U32 | Scalar::I32)) }
+                    | Type::Array { space: Space::Shared, elem: Elem::Scalar(s @ (Scalar::U32 | Scalar::I32)) } => s,
+                    _ => {
+                        return Err(format!(
+                            "argument 1 must be a mutable u32 or i32 pointer or shared array, found {base}"
+                        ));
+                    }
+                };
+                let index = index_type(args[1])?;
+                want(2, Type::Scalar(elem))?;
+                sig(vec![base, index, Type::Scalar(elem)], Type::Scalar(elem))
+            }
             I::AtomicAdd => {
                 arity(3)?;
                 let base = args[0];
@@ -406,6 +448,8 @@ impl Intrinsic {
             I::DotBf16x8 => &[Helper::DotBf16x8],
             I::E4m3x4ToF32x4 => &[Helper::E4m3x4ToFloat4],
             I::E2m1x4ToF32x4 => &[Helper::E2m1x4ToFloat4],
+            I::DotE2m1x16 => &[Helper::DotE2m1x16],
+            I::StageE2m1x8 => &[Helper::StageE2m1x8],
             I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
             I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],
             I::LoadCg => &[Helper::LdCg],

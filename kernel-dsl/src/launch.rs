@@ -26,6 +26,9 @@ pub struct DevPtrMut<T> {
 macro_rules! dev_ptr_common {
     ($t:ident) => {
         impl<T> $t<T> {
+            /// Address 0: for checking a launch's requirements, which never read the addresses.
+            pub const NULL: Self = $t::from_addr(0);
+
             /// Wraps a raw device address. The engine's buffers hand these out; building one from a
             /// number is for code that manages device memory itself.
             pub const fn from_addr(addr: u64) -> Self {

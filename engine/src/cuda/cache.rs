@@ -109,7 +109,7 @@ impl CompileCache {
         let dir = self.dir.as_ref()?;
         let image = std::fs::read(dir.join(format!("{stem}.cubin"))).ok()?;
         let log = std::fs::read_to_string(dir.join(format!("{stem}.log"))).ok()?;
-        Some(Cubin { resources: Resources::from_log(&log), image, log })
+        Some(Cubin { resources: Resources::of(&log, &image), image, log })
     }
 
     /// Best effort: a cache that cannot be written only costs a recompile next time.

@@ -3,6 +3,7 @@
 
 pub mod buffer;
 pub mod cache;
+pub mod cubin_info;
 pub mod device;
 pub mod graph;
 pub mod kernel;

@@ -107,7 +107,19 @@ fn preload_from(dir: &Path) -> bool {
     true
 }
 
-/// What ptxas reports about a compiled kernel.
+/// Where a kernel's resource figures came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ResourceSource {
+    /// Nowhere: the figures are unknown, not zero.
+    #[default]
+    Unknown,
+    /// ptxas's `-v` report in NVRTC's log: everything, spills split into stores and loads.
+    Ptxas,
+    /// The cubin's own attributes: registers and the stack frame (spills show as a frame).
+    Cubin,
+}
+
+/// What a compiled kernel uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resources {
     pub registers: u32,
@@ -115,8 +127,7 @@ pub struct Resources {
     pub spill_load_bytes: u32,
     pub stack_frame_bytes: u32,
     pub shared_bytes: u32,
-    /// Whether the log held ptxas's report at all; without it the numbers above are unknown, not 0.
-    pub reported: bool,
+    pub source: ResourceSource,
 }
 
 impl Resources {
@@ -129,7 +140,7 @@ impl Resources {
                 line[..i].split_whitespace().last()?.parse().ok()
             };
             if line.contains("registers") {
-                r.reported = true;
+                r.source = ResourceSource::Ptxas;
                 r.registers = number_before(" registers").unwrap_or(0);
                 r.shared_bytes = number_before(" bytes smem").unwrap_or(0);
             }
@@ -142,8 +153,25 @@ impl Resources {
         r
     }
 
+    /// ptxas's report if the log has one, else what the cubin records.
+    pub fn of(log: &str, image: &[u8]) -> Resources {
+        let r = Resources::from_log(log);
+        if r.source == ResourceSource::Ptxas {
+            return r;
+        }
+        match super::cubin_info::registers_and_frame(image) {
+            Some((registers, frame)) => {
+                Resources { registers, stack_frame_bytes: frame, source: ResourceSource::Cubin, ..Resources::default() }
+            }
+            None => r,
+        }
+    }
+
+    /// Whether the kernel spills. From a cubin only the stack frame is known: any frame counts.
     pub fn spills(&self) -> bool {
-        self.spill_store_bytes > 0 || self.spill_load_bytes > 0
+        self.spill_store_bytes > 0
+            || self.spill_load_bytes > 0
+            || (self.source == ResourceSource::Cubin && self.stack_frame_bytes > 0)
     }
 }
 
@@ -181,7 +209,7 @@ pub fn compile(source: &str, name: &str, arch: Arch) -> Result<Cubin> {
         let log = result::get_program_log(prog).map(|l| c_chars_to_string(&l)).unwrap_or_default();
         let out = match compiled {
             Err(e) => Err(compile_error(if log.trim().is_empty() { format!("{e:?}") } else { log.clone() })),
-            Ok(()) => cubin(prog).map(|image| Cubin { image, resources: Resources::from_log(&log), log }),
+            Ok(()) => cubin(prog).map(|image| Cubin { resources: Resources::of(&log, &image), image, log }),
         };
         let _ = result::destroy_program(prog);
         out
@@ -261,11 +289,11 @@ mod tests {
                 spill_load_bytes: 12,
                 stack_frame_bytes: 8,
                 shared_bytes: 32,
-                reported: true,
+                source: ResourceSource::Ptxas,
             }
         );
         assert!(r.spills());
-        assert!(!Resources::from_log("").reported);
+        assert_eq!(Resources::from_log("").source, ResourceSource::Unknown);
     }
 
     #[test]

@@ -204,6 +204,7 @@ pub fn is_reserved(name: &str) -> bool {
         "fminf",
         "fmaf",
         "atomicAdd",
+        "atomicMax",
         "make_uint2",
         "make_uint4",
         "make_float2",
@@ -625,6 +626,8 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::Make(v) => join(&format!("make_{}", v.cuda_name())),
         I::E4m3x4ToF32x4 => join("e4m3x4_to_float4"),
         I::E2m1x4ToF32x4 => join("e2m1x4_to_float4"),
+        I::DotE2m1x16 => join("dot_e2m1x16"),
+        I::StageE2m1x8 => join("stage_e2m1_x8"),
         I::LoadStream(v) => {
             // Typing admits only the u32 forms: the loads move raw bits.
             let f = if v.lanes() == 4 { "ld_stream_u32x4" } else { "ld_stream_u32x2" };
@@ -639,6 +642,7 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
             format!("*reinterpret_cast<{v}*>({}) = {}", address(&args[0], &args[1]), a[2])
         }
         I::AtomicAdd => format!("atomicAdd({}, {})", address(&args[0], &args[1]), a[2]),
+        I::AtomicMax => format!("atomicMax({}, {})", address(&args[0], &args[1]), a[2]),
     }
 }
 

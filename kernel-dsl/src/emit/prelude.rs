@@ -21,6 +21,11 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "e4m3x4_to_float4",
     "e2m1_to_f32",
     "e2m1x4_to_float4",
+    "hfma2",
+    "pack_f16x2",
+    "e2m1x8_to_f16x2",
+    "dot_e2m1x16",
+    "stage_e2m1_x8",
     "warp_sum",
     "warp_max",
     "block_sum",
@@ -52,6 +57,11 @@ pub enum Helper {
     DotBf16x8,
     E4m3x4ToFloat4,
     E2m1x4ToFloat4,
+    Hfma2,
+    PackF16x2,
+    E2m1x8ToF16x2,
+    DotE2m1x16,
+    StageE2m1x8,
     WarpSum,
     WarpMax,
     BlockSum,
@@ -75,6 +85,8 @@ impl Helper {
             H::E4m3x4ToFloat4 => &[H::F16x2ToFloat2],
             H::E2m1x4ToFloat4 => &[H::F16x2ToFloat2],
             H::DotBf16x4 | H::DotBf16x8 => &[H::Bf16x2ToFloat2],
+            H::DotE2m1x16 => &[H::Hfma2, H::E2m1x8ToF16x2, H::F16x2ToFloat2],
+            H::StageE2m1x8 => &[H::PackF16x2],
             H::BlockSum => &[H::WarpSum],
             H::BlockMax => &[H::WarpMax],
             H::Silu => &[H::Sigmoid],
@@ -221,6 +233,82 @@ impl Helper {
                  \x20   return make_float4(e2m1_to_f32(w), e2m1_to_f32(w >> 4), e2m1_to_f32(w >> 8), e2m1_to_f32(w >> 12));\n\
                  }\n"
             }
+            H::Hfma2 => {
+                "// d = a·b + c on two f16 lanes.\n\
+                 __device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {\n\
+                 \x20   unsigned d;\n\
+                 \x20   asm(\"fma.rn.f16x2 %0, %1, %2, %3;\" : \"=r\"(d) : \"r\"(a), \"r\"(b), \"r\"(c));\n\
+                 \x20   return d;\n\
+                 }\n"
+            }
+            H::PackF16x2 => {
+                "// Two f32 to two f16 in one word, a in the low half; round to nearest even.\n\
+                 __device__ __forceinline__ unsigned pack_f16x2(float a, float b) {\n\
+                 \x20   unsigned r;\n\
+                 \x20   asm(\"cvt.rn.f16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(b), \"f\"(a));\n\
+                 \x20   return r;\n\
+                 }\n"
+            }
+            H::E2m1x8ToF16x2 if arch.has_fp4_conversion() => {
+                "// Eight E2M1 values (a word, element 0 in the low nibble) as four f16 pairs:\n\
+                 // (v0, v1), (v2, v3), (v4, v5), (v6, v7), one conversion instruction per byte, exact.\n\
+                 __device__ __forceinline__ void e2m1x8_to_f16x2(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {\n\
+                 \x20   asm(\"{ .reg .b8 b0, b1, b2, b3; mov.b32 {b0, b1, b2, b3}, %4;\"\n\
+                 \x20       \" cvt.rn.f16x2.e2m1x2 %0, b0; cvt.rn.f16x2.e2m1x2 %1, b1;\"\n\
+                 \x20       \" cvt.rn.f16x2.e2m1x2 %2, b2; cvt.rn.f16x2.e2m1x2 %3, b3; }\"\n\
+                 \x20       : \"=r\"(p0), \"=r\"(p1), \"=r\"(p2), \"=r\"(p3) : \"r\"(w));\n\
+                 }\n"
+            }
+            H::E2m1x8ToF16x2 => {
+                "// Eight E2M1 values (a word, element 0 in the low nibble) as four f16 pairs, without a\n\
+                 // conversion instruction (sm_90). A nibble's two exponent bits and mantissa bit land in\n\
+                 // f16 bits 11..9 and its sign in bit 15: the f16 is the value times 2^-14 (the bias gap;\n\
+                 // the code for 0.5 becomes an exact subnormal). Bytes 0 and 2 share shifts, as do bytes\n\
+                 // 1 and 3, so the pairs are (v0, v4), (v1, v5), (v2, v6), (v3, v7): two shifts and two\n\
+                 // masks a pair. stage_e2m1_x8 puts the activations in the same order, times 2^14.\n\
+                 __device__ __forceinline__ void e2m1x8_to_f16x2(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {\n\
+                 \x20   p0 = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);\n\
+                 \x20   p1 = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);\n\
+                 \x20   p2 = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);\n\
+                 \x20   p3 = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);\n\
+                 }\n"
+            }
+            H::DotE2m1x16 => {
+                "// Σ of 16 E2M1 values (two words) times 16 staged activations (eight f16 pairs): f16\n\
+                 // products in two accumulators of four pair-products each, summed in f32.\n\
+                 __device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {\n\
+                 \x20   unsigned a0, a1, a2, a3, b0, b1, b2, b3;\n\
+                 \x20   e2m1x8_to_f16x2(w.x, a0, a1, a2, a3);\n\
+                 \x20   e2m1x8_to_f16x2(w.y, b0, b1, b2, b3);\n\
+                 \x20   unsigned acc = hfma2(a0, xa.x, 0u);\n\
+                 \x20   acc = hfma2(a1, xa.y, acc);\n\
+                 \x20   acc = hfma2(a2, xa.z, acc);\n\
+                 \x20   acc = hfma2(a3, xa.w, acc);\n\
+                 \x20   unsigned bcc = hfma2(b0, xb.x, 0u);\n\
+                 \x20   bcc = hfma2(b1, xb.y, bcc);\n\
+                 \x20   bcc = hfma2(b2, xb.z, bcc);\n\
+                 \x20   bcc = hfma2(b3, xb.w, bcc);\n\
+                 \x20   const float2 s = f16x2_to_float2(acc), t = f16x2_to_float2(bcc);\n\
+                 \x20   return (s.x + s.y) + (t.x + t.y);\n\
+                 }\n"
+            }
+            H::StageE2m1x8 if arch.has_fp4_conversion() => {
+                "// Eight activations (lo = x0..x3, hi = x4..x7) as the f16 pairs e2m1x8_to_f16x2 meets:\n\
+                 // (x0, x1), (x2, x3), (x4, x5), (x6, x7).\n\
+                 __device__ __forceinline__ uint4 stage_e2m1_x8(float4 lo, float4 hi) {\n\
+                 \x20   return make_uint4(pack_f16x2(lo.x, lo.y), pack_f16x2(lo.z, lo.w), pack_f16x2(hi.x, hi.y), pack_f16x2(hi.z, hi.w));\n\
+                 }\n"
+            }
+            H::StageE2m1x8 => {
+                "// Eight activations (lo = x0..x3, hi = x4..x7) as the f16 pairs e2m1x8_to_f16x2 meets on\n\
+                 // sm_90, (x0, x4), (x1, x5), (x2, x6), (x3, x7), times 2^14 to undo the decode's 2^-14.\n\
+                 __device__ __forceinline__ uint4 stage_e2m1_x8(float4 lo, float4 hi) {\n\
+                 \x20   const float s = 16384.0f;\n\
+                 \x20   return make_uint4(\n\
+                 \x20       pack_f16x2(lo.x * s, hi.x * s), pack_f16x2(lo.y * s, hi.y * s),\n\
+                 \x20       pack_f16x2(lo.z * s, hi.z * s), pack_f16x2(lo.w * s, hi.w * s));\n\
+                 }\n"
+            }
             H::WarpSum => {
                 "// Butterfly sum over the 32 lanes of a warp; every lane gets the total.\n\
                  __device__ __forceinline__ float warp_sum(float v) {\n\
@@ -287,16 +375,9 @@ impl Helper {
             }
             H::LdCg => {
                 "// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).\n\
-                 __device__ __forceinline__ float ld_cg(const float* p) {\n\
-                 \x20   float r;\n\
-                 \x20   asm volatile(\"ld.global.cg.f32 %0, [%1];\" : \"=f\"(r) : \"l\"(p) : \"memory\");\n\
-                 \x20   return r;\n\
-                 }\n\
-                 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) {\n\
-                 \x20   unsigned r;\n\
-                 \x20   asm volatile(\"ld.global.cg.u32 %0, [%1];\" : \"=r\"(r) : \"l\"(p) : \"memory\");\n\
-                 \x20   return r;\n\
-                 }\n"
+                 // The built-in is an ordinary load to the compiler: several can be in flight at once.\n\
+                 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }\n\
+                 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }\n"
             }
         }
     }

@@ -23,7 +23,8 @@ fn host_type(e: Elem) -> TokenStream {
         // A vector buffer is, on the host, a buffer of its lanes' bits.
         Elem::Vector(v) => {
             let id = format_ident!("{}", v.lane().rust_name());
-            quote!([#id; #(v.lanes() as usize)])
+            let lanes = usize::from(v.lanes());
+            quote!([#id; #lanes])
         }
     }
 }

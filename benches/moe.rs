@@ -1,0 +1,335 @@
+//! The MoE block at the published shape (d 2560, 512 experts, top 10, intermediate 640, shared
+//! expert 640) on the GPU: eight layers with distinct weights (each in its own memory, filled on
+//! the device), captured as one CUDA graph of 24 launches and replayed; the time per layer against
+//! the bytes a layer must read. Each kernel is also timed alone, in a graph of its eight launches.
+//!
+//! Lines go to stdout and to $OUT/bench-moe.jsonl (or target/bench-moe.jsonl).
+
+use std::io::Write;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::{DeviceBuffer, Gpu, Graph};
+use engine::layers::moe::{
+    ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice, Stage,
+};
+use flashnext::rng::Rng;
+use half::bf16;
+use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
+use kernel_macros::kernel;
+
+const SHAPE: MoeShape =
+    MoeShape { hidden: 2560, experts: 512, top_k: 10, inter: 640, shared_inter: 640, renormalise: true };
+const LAYERS: usize = 8;
+const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
+
+/// Fills words with a hash of (seed, index), masked: random bits at device speed.
+#[kernel(block = 256, grid = div_ceil(n, 256))]
+fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
+    let i = block_idx() * 256 + thread_idx();
+    if i < n {
+        let mut z = i * 0x9e3779b9 + seed;
+        z = (z ^ (z >> 16)) * 0x85ebca6b;
+        z = (z ^ (z >> 13)) * 0xc2b2ae35;
+        z = z ^ (z >> 16);
+        out[i] = (z & and_mask) | or_mask;
+    }
+}
+
+fn fill<T>(
+    gpu: &Gpu,
+    k: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    buf: &mut DeviceBuffer<T>,
+    seed: u32,
+    and_mask: u32,
+    or_mask: u32,
+) where
+    T: bytemuck::Pod,
+{
+    let words = (buf.size_bytes() / 4) as u32;
+    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
+    // SAFETY: the buffer holds at least `words` 4-byte words.
+    unsafe { k.launch(gpu, &args) }.expect("fill");
+}
+
+/// One layer's weights, random, NVFP4: codes anything, block scales between 2^-2 and 2^2.
+fn nvfp4_layer(
+    gpu: &Gpu,
+    fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    rng: &mut Rng,
+    seed: u32,
+) -> MoeWeightsOnDevice {
+    let (d, e, i, is) = (SHAPE.hidden, SHAPE.experts, SHAPE.inter, SHAPE.shared_inter);
+    let gate_up_values = 2 * (e * i + is) * d;
+    let down_values = (e * i + is) * d;
+    let mut w = MoeWeightsOnDevice {
+        shape: SHAPE,
+        router: gpu.upload(&rng.bf16_normal(e * d, 1.0 / (d as f32).sqrt())).expect("router"),
+        shared_gate: gpu.upload(&rng.bf16_normal(d, 1.0 / (d as f32).sqrt())).expect("shared gate"),
+        experts: ExpertsOnDevice::Nvfp4 {
+            gate_up_packed: gpu.alloc::<E2m1x2>(gate_up_values / 2).expect("alloc"),
+            gate_up_scales: gpu.alloc::<E4m3>(gate_up_values / 16).expect("alloc"),
+            gate_up_scale2: gpu.upload(&vec![0.01f32; 2 * (e + 1)]).expect("alloc"),
+            down_packed: gpu.alloc::<E2m1x2>(down_values / 2).expect("alloc"),
+            down_scales: gpu.alloc::<E4m3>(down_values / 16).expect("alloc"),
+            down_scale2: gpu.upload(&vec![0.01f32; e + 1]).expect("alloc"),
+        },
+    };
+    if let ExpertsOnDevice::Nvfp4 { gate_up_packed, gate_up_scales, down_packed, down_scales, .. } = &mut w.experts {
+        // e4m3 bytes 0b0_0101_xxx to 0b0_1000_xxx: 2^-2 to 2^1.875.
+        let scale_and = 0x1f1f_1f1f;
+        let scale_or = 0x2828_2828;
+        fill(gpu, fk, gate_up_packed, seed, u32::MAX, 0);
+        fill(gpu, fk, gate_up_scales, seed + 1, scale_and, scale_or);
+        fill(gpu, fk, down_packed, seed + 2, u32::MAX, 0);
+        fill(gpu, fk, down_scales, seed + 3, scale_and, scale_or);
+    }
+    w
+}
+
+fn bf16_layer(
+    gpu: &Gpu,
+    fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    rng: &mut Rng,
+    seed: u32,
+) -> MoeWeightsOnDevice {
+    let (d, e, i, is) = (SHAPE.hidden, SHAPE.experts, SHAPE.inter, SHAPE.shared_inter);
+    let values = (e * i + is) * d;
+    let mut gate_up = gpu.alloc::<bf16>(2 * values).expect("alloc");
+    let mut down = gpu.alloc::<bf16>(values).expect("alloc");
+    // bf16 pairs with exponents near 2^-6 and random signs and mantissas: 0x3c80..0x3cff.
+    fill(gpu, fk, &mut gate_up, seed, 0x807f_807f, 0x3c80_3c80);
+    fill(gpu, fk, &mut down, seed + 1, 0x807f_807f, 0x3c80_3c80);
+    MoeWeightsOnDevice {
+        shape: SHAPE,
+        router: gpu.upload(&rng.bf16_normal(e * d, 1.0 / (d as f32).sqrt())).expect("router"),
+        shared_gate: gpu.upload(&rng.bf16_normal(d, 1.0 / (d as f32).sqrt())).expect("shared gate"),
+        experts: ExpertsOnDevice::Bf16 { gate_up, down },
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Median, p10 and p90 of one replay of `g`, over `samples` replays.
+fn replay_times(gpu: &Gpu, g: &Graph, samples: usize) -> (f64, f64, f64) {
+    let t = EventTimer::new(gpu).expect("events");
+    g.launch().expect("warm-up replay");
+    let mut v: Vec<f64> = (0..samples)
+        .map(|_| {
+            t.start(gpu).expect("start");
+            g.launch().expect("replay");
+            t.stop(gpu).expect("stop").as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
+}
+
+fn bench_moe(c: &mut Criterion) {
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("moe bench skipped: {e}");
+            return;
+        }
+    };
+    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
+    let name = gpu.info().name.clone();
+    println!("device {name}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let mut jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-moe.jsonl")).ok();
+    let mut rng = Rng::fresh("moe bench");
+    let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
+    let kernels = MoeKernels::load(&gpu, MoeTiles::default()).expect("compile");
+
+    let mut group = c.benchmark_group("moe");
+    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    for (format, nvfp4) in [("nvfp4", true), ("bf16", false)] {
+        let layers: Vec<MoeWeightsOnDevice> = (0..LAYERS)
+            .map(|l| {
+                if nvfp4 {
+                    nvfp4_layer(&gpu, &fk, &mut rng, 1000 * l as u32)
+                } else {
+                    bf16_layer(&gpu, &fk, &mut rng, 1000 * l as u32)
+                }
+            })
+            .collect();
+        let xs: Vec<DeviceBuffer<bf16>> =
+            (0..LAYERS).map(|_| gpu.upload(&rng.bf16_normal(SHAPE.hidden, 1.0)).expect("x")).collect();
+        let mut ys: Vec<DeviceBuffer<bf16>> = (0..LAYERS).map(|_| gpu.alloc(SHAPE.hidden).expect("y")).collect();
+        let mut scratch: Vec<MoeScratch> =
+            (0..LAYERS).map(|_| MoeScratch::new(&gpu, SHAPE).expect("scratch")).collect();
+        let launches: Vec<MoeLaunches> =
+            (0..LAYERS).map(|l| MoeLaunches::new(&layers[l], &mut scratch[l], xs[l].ptr(), ys[l].ptr_mut())).collect();
+        // One eager pass first: valid launches, and ids and h in the scratch for the per-kernel graphs.
+        for l in &launches {
+            // SAFETY: the buffers behind the launches live to the end of this function.
+            unsafe { l.enqueue(&gpu, &kernels) }.expect("pass");
+        }
+        gpu.synchronize().expect("sync");
+        let whole = gpu
+            .capture(|| {
+                for l in &launches {
+                    // SAFETY: as above.
+                    unsafe { l.enqueue(&gpu, &kernels) }?;
+                }
+                Ok(())
+            })
+            .expect("capture");
+        // FLASHNEXT_BENCH_PROFILE=1: one eager pass per layer only, for a profiler to attach to.
+        if std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some() {
+            gpu.synchronize().expect("sync");
+            return;
+        }
+        let bytes = SHAPE.bytes_read(nvfp4);
+        let (median, p10, p90) = replay_times(&gpu, &whole, 50);
+        let per_layer = median / LAYERS as f64;
+        let rate = bytes as f64 / per_layer;
+        let line = format!(
+            "moe {format} layer: {:.2} us per layer (p10 {:.2}, p90 {:.2}), 3 launches, {:.1} MB read, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; floor {:.2} us",
+            per_layer * 1e6,
+            p10 / LAYERS as f64 * 1e6,
+            p90 / LAYERS as f64 * 1e6,
+            bytes as f64 / 1e6,
+            rate / 1e9,
+            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
+            100.0 * rate / copy_bw,
+            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6
+        );
+        println!("{line}");
+        if let Some(f) = jsonl.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"bench\":\"moe\",\"format\":\"{format}\",\"device\":\"{name}\",\"us_per_layer\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"launches\":3,\"copy_bw\":{copy_bw:.0}}}",
+                per_layer * 1e6,
+                p10 / LAYERS as f64 * 1e6,
+                p90 / LAYERS as f64 * 1e6
+            );
+        }
+        group.throughput(Throughput::Bytes((bytes * LAYERS) as u64));
+        group.bench_function(format!("{format}/{LAYERS}-layers"), |b| {
+            let t = EventTimer::new(&gpu).expect("events");
+            b.iter_custom(|iters| {
+                t.start(&gpu).expect("start");
+                for _ in 0..iters {
+                    whole.launch().expect("replay");
+                }
+                t.stop(&gpu).expect("stop")
+            })
+        });
+        drop(whole);
+        per_kernel(&gpu, &kernels, &launches, nvfp4, &mut jsonl, &name);
+        if nvfp4 {
+            sweep(&gpu, &launches, &mut jsonl, &name);
+        }
+    }
+    group.finish();
+}
+
+/// Each kernel alone: a graph of its eight launches (the scratch holds the ids and h of the eager
+/// pass, so the later kernels read real routes).
+fn per_kernel(
+    gpu: &Gpu,
+    k: &MoeKernels,
+    launches: &[MoeLaunches],
+    nvfp4: bool,
+    jsonl: &mut Option<std::fs::File>,
+    device: &str,
+) {
+    let sh = SHAPE;
+    let d = sh.hidden;
+    let values = |n_experts: usize| n_experts * sh.inter * d;
+    let expert_bytes = |v: usize| if nvfp4 { v / 2 + v / 16 } else { 2 * v };
+    let stages = [
+        (Stage::Router, "router", 2 * (sh.experts * d + 2 * d)),
+        (Stage::GateUp, "gate_up", expert_bytes(2 * values(sh.top_k + 1)) + 2 * d),
+        (Stage::Down, "down", expert_bytes(values(sh.top_k + 1)) + 2 * d),
+    ];
+    for (stage, label, bytes) in stages {
+        let g = gpu
+            .capture(|| {
+                for l in launches {
+                    // SAFETY: the launches' buffers live in `bench_moe` for the whole bench.
+                    unsafe { l.enqueue_stage(gpu, k, stage) }?;
+                }
+                Ok(())
+            })
+            .expect("capture");
+        let (median, p10, p90) = replay_times(gpu, &g, 50);
+        let per = median / LAYERS as f64;
+        let format = if nvfp4 { "nvfp4" } else { "bf16" };
+        println!(
+            "  moe {format} {label:<8} {:.2} us (p10 {:.2}, p90 {:.2}), {:.2} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s",
+            per * 1e6,
+            p10 / LAYERS as f64 * 1e6,
+            p90 / LAYERS as f64 * 1e6,
+            bytes as f64 / 1e6,
+            bytes as f64 / per / 1e9,
+            100.0 * bytes as f64 / per / H200_REFERENCE_BYTES_PER_S
+        );
+        if let Some(f) = jsonl.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"bench\":\"moe-{label}\",\"format\":\"{format}\",\"device\":\"{device}\",\"us\":{:.3},\"bytes\":{bytes}}}",
+                per * 1e6
+            );
+        }
+    }
+}
+
+/// Every candidate tile set of each NVFP4 kernel (the others at their defaults), timed as that
+/// kernel's graph of eight launches: the tile space the autotuner will search, measured.
+fn sweep(gpu: &Gpu, launches: &[MoeLaunches], jsonl: &mut Option<std::fs::File>, device: &str) {
+    use engine::kernels::moe::{down, gate_up, router};
+    let base = MoeTiles::default();
+    let mut variants: Vec<(Stage, String, MoeTiles)> = Vec::new();
+    for t in router::moe_router::Tiles::candidates() {
+        variants.push((Stage::Router, format!("{t:?}"), MoeTiles { router: t, ..base }));
+    }
+    for t in gate_up::moe_gate_up_nvfp4::Tiles::candidates() {
+        variants.push((Stage::GateUp, format!("{t:?}"), MoeTiles { gate_up_nvfp4: t, ..base }));
+    }
+    for t in down::moe_down_nvfp4::Tiles::candidates() {
+        variants.push((Stage::Down, format!("{t:?}"), MoeTiles { down_nvfp4: t, ..base }));
+    }
+    let mut results: Vec<(Stage, f64, String)> = Vec::new();
+    for (stage, label, tiles) in variants {
+        if tiles.check(SHAPE).is_err() {
+            continue;
+        }
+        let Ok(k) = MoeKernels::load(gpu, tiles) else { continue };
+        let g = gpu
+            .capture(|| {
+                for l in launches {
+                    // SAFETY: the launches' buffers live in `bench_moe` for the whole bench.
+                    unsafe { l.enqueue_stage(gpu, &k, stage) }?;
+                }
+                Ok(())
+            })
+            .expect("capture");
+        let (median, _, _) = replay_times(gpu, &g, 20);
+        results.push((stage, median / LAYERS as f64 * 1e6, label));
+    }
+    for stage in [Stage::Router, Stage::GateUp, Stage::Down] {
+        let mut r: Vec<&(Stage, f64, String)> = results.iter().filter(|x| x.0 == stage).collect();
+        r.sort_by(|a, b| a.1.total_cmp(&b.1));
+        println!("  sweep {stage:?}: {} tile sets; fastest:", r.len());
+        for (_, us, label) in r.iter().take(4) {
+            println!("    {us:7.2} us  {label}");
+        }
+        if let Some(f) = jsonl.as_mut() {
+            for (_, us, label) in &r {
+                let _ = writeln!(
+                    f,
+                    "{{\"bench\":\"moe-sweep\",\"stage\":\"{stage:?}\",\"device\":\"{device}\",\"us\":{us:.3},\"tiles\":\"{label}\"}}"
+                );
+            }
+        }
+    }
+}
+
+criterion_group!(benches, bench_moe);
+criterion_main!(benches);

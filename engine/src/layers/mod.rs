@@ -1,0 +1,4 @@
+//! Blocks of the decode step on the device: weights laid out as their kernels read them, scratch,
+//! and the sequence of launches.
+
+pub mod moe;

@@ -1,0 +1,231 @@
+//! The MoE block on a GPU (router, gate+up, down: three launches) against the CPU reference, with
+//! NVFP4 and bf16 experts, at the published shape and a tiny one: router ids identical, the
+//! routing weights and the intermediate activations close, the bf16 output within 1e-2 relative
+//! L2, a second pass bit-identical. Fresh random inputs each run; outputs poisoned first.
+
+use engine::cuda::Gpu;
+use engine::layers::moe::{
+    ExpertNvfp4, MoeKernels, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice, StackedNvfp4, enqueue,
+};
+use engine::model::nvfp4::Nvfp4Matrix;
+use engine::model::weights::{ExpertWeights, Linear};
+use engine::reference;
+use flashnext::rng::{Rng, to_f32};
+use half::bf16;
+use kernel_dsl::TileSet;
+
+const PUBLISHED: MoeShape =
+    MoeShape { hidden: 2560, experts: 512, top_k: 10, inter: 640, shared_inter: 640, renormalise: true };
+const TINY: MoeShape = MoeShape { hidden: 512, experts: 8, top_k: 2, inter: 128, shared_inter: 256, renormalise: true };
+
+fn random_nvfp4(rng: &mut Rng, rows: usize, cols: usize) -> Nvfp4Matrix {
+    let mut packed = vec![0u8; rows * cols / 2];
+    for chunk in packed.chunks_mut(8) {
+        let r = rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    // Block scales between 2^-2 and 2^2 (e4m3 exponent fields 5 to 8), any mantissa.
+    let scales =
+        (0..rows * cols / 16).map(|_| (((rng.next_u64() % 4 + 5) << 3) | (rng.next_u64() % 8)) as u8).collect();
+    let scale_2 = 0.01 + 0.02 * rng.uniform();
+    Nvfp4Matrix { rows, cols, packed, scales, scale_2 }
+}
+
+fn linear(m: &Nvfp4Matrix) -> Linear {
+    Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None }
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// One block's inputs and weights, on the host.
+struct Block {
+    shape: MoeShape,
+    router: Vec<bf16>,
+    shared_gate: Vec<bf16>,
+    x: Vec<bf16>,
+}
+
+impl Block {
+    fn new(rng: &mut Rng, shape: MoeShape) -> Block {
+        let d = shape.hidden;
+        Block {
+            shape,
+            router: rng.bf16_normal(shape.experts * d, 1.0 / (d as f32).sqrt()),
+            shared_gate: rng.bf16_normal(d, 1.0 / (d as f32).sqrt()),
+            x: rng.bf16_normal(d, 1.0),
+        }
+    }
+
+    fn route(&self) -> Vec<(usize, f32)> {
+        let router = Linear { rows: self.shape.experts, cols: self.shape.hidden, w: to_f32(&self.router), bias: None };
+        reference::moe::route(&to_f32(&self.x), &router, self.shape.top_k, self.shape.renormalise)
+    }
+
+    /// y and each slot's h, from the routed experts' and the shared expert's f32 weights.
+    fn reference(
+        &self,
+        route: &[(usize, f32)],
+        expert: impl Fn(usize) -> ExpertWeights,
+        shared: &ExpertWeights,
+    ) -> (Vec<f32>, Vec<Vec<f32>>) {
+        let x = to_f32(&self.x);
+        let mut y = vec![0.0f32; self.shape.hidden];
+        let mut hs = Vec::new();
+        let h_of = |w: &ExpertWeights| -> Vec<f32> {
+            w.gate.apply(&x).iter().zip(w.up.apply(&x)).map(|(&g, u)| reference::norm::silu(g) * u).collect()
+        };
+        for &(e, weight) in route {
+            let w = expert(e);
+            let h = h_of(&w);
+            w.down.apply(&h).iter().zip(y.iter_mut()).for_each(|(v, acc)| *acc += weight * v);
+            hs.push(h);
+        }
+        let sg = reference::norm::sigmoid(to_f32(&self.shared_gate).iter().zip(&x).map(|(a, b)| a * b).sum());
+        let h = h_of(shared);
+        shared.down.apply(&h).iter().zip(y.iter_mut()).for_each(|(v, acc)| *acc += sg * v);
+        hs.push(h);
+        (y, hs)
+    }
+}
+
+/// Runs one pass on the GPU twice (poisoning y and h first): ids, weights, h, y; and whether the
+/// second pass gave the same bits.
+fn run(
+    gpu: &Gpu,
+    k: &MoeKernels,
+    w: &MoeWeightsOnDevice,
+    x: &[bf16],
+    nvfp4: bool,
+) -> (Vec<u32>, Vec<f32>, Vec<f32>, Vec<f32>, bool) {
+    let sh = w.shape;
+    let dx = gpu.upload(x).expect("x");
+    let mut dy = gpu.alloc::<bf16>(sh.hidden).expect("y");
+    let mut s = MoeScratch::new(gpu, sh).expect("scratch");
+    let mut outputs = Vec::new();
+    for _ in 0..2 {
+        gpu.fill_bytes(&mut dy, 0xff).expect("poison");
+        gpu.fill_bytes(&mut s.h, 0xff).expect("poison");
+        gpu.fill_bytes(&mut s.h_bf16, 0xff).expect("poison");
+        // SAFETY: x and y hold `hidden` elements; they are not part of the weights or scratch.
+        unsafe { enqueue(gpu, k, w, &mut s, dx.ptr(), dy.ptr_mut()) }.expect("enqueue");
+        outputs.push(to_f32(&gpu.download(&dy).expect("y")));
+    }
+    let same = outputs[0].iter().zip(&outputs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+    let ids = gpu.download(&s.ids).expect("ids");
+    let weights = gpu.download(&s.weights).expect("weights");
+    let h = if nvfp4 { gpu.download(&s.h).expect("h") } else { to_f32(&gpu.download(&s.h_bf16).expect("h")) };
+    (ids, weights, h, outputs.swap_remove(0), same)
+}
+
+fn check(
+    label: &str,
+    b: &Block,
+    route: &[(usize, f32)],
+    ref_y: &[f32],
+    ref_h: &[Vec<f32>],
+    got: (Vec<u32>, Vec<f32>, Vec<f32>, Vec<f32>, bool),
+) {
+    let (ids, weights, h, y, same) = got;
+    let want_ids: Vec<u32> = route.iter().map(|&(e, _)| e as u32).collect();
+    assert_eq!(ids, want_ids, "{label}: router ids");
+    for (k, &(_, w)) in route.iter().enumerate() {
+        assert!((weights[k] - w).abs() <= 1e-5 + 1e-4 * w.abs(), "{label}: routing weight {k}: {} vs {w}", weights[k]);
+    }
+    let stride = b.shape.h_stride();
+    for (slot, want) in ref_h.iter().enumerate() {
+        let e = rel_l2(&h[slot * stride..slot * stride + want.len()], want);
+        assert!(e < 1e-2, "{label}: h of slot {slot} is {e:.2e} from the reference (relative L2)");
+    }
+    assert!(y.iter().all(|v| v.is_finite()), "{label}: y has unwritten (NaN) elements");
+    let e = rel_l2(&y, ref_y);
+    println!("{label}: y within {e:.2e} of the reference (relative L2)");
+    assert!(e < 1e-2, "{label}: y is {e:.2e} from the reference (relative L2)");
+    assert!(same, "{label}: a second pass gave different bits");
+}
+
+fn nvfp4_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles]) {
+    let b = Block::new(rng, shape);
+    let (d, i, is) = (shape.hidden, shape.inter, shape.shared_inter);
+    let expert = |rng: &mut Rng, inter: usize| ExpertNvfp4 {
+        gate: random_nvfp4(rng, inter, d),
+        up: random_nvfp4(rng, inter, d),
+        down: random_nvfp4(rng, d, inter),
+    };
+    let experts: Vec<ExpertNvfp4> = (0..shape.experts).map(|_| expert(rng, i)).collect();
+    let shared = expert(rng, is);
+    let stacked = StackedNvfp4::stack(&experts, &shared);
+    let w = MoeWeightsOnDevice::upload_nvfp4(gpu, shape, &b.router, &b.shared_gate, &stacked).expect("upload");
+    let route = b.route();
+    let as_f32 = |e: &ExpertNvfp4| ExpertWeights { gate: linear(&e.gate), up: linear(&e.up), down: linear(&e.down) };
+    let (ref_y, ref_h) = b.reference(&route, |e| as_f32(&experts[e]), &as_f32(&shared));
+    for t in tiles {
+        let k = MoeKernels::load(gpu, *t).expect("compile");
+        check(&format!("nvfp4 {shape:?} {t:?}"), &b, &route, &ref_y, &ref_h, run(gpu, &k, &w, &b.x, true));
+    }
+}
+
+fn bf16_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles]) {
+    let b = Block::new(rng, shape);
+    let (d, i, is, e) = (shape.hidden, shape.inter, shape.shared_inter, shape.experts);
+    let gate_up = rng.bf16_normal(2 * (e * i + is) * d, 1.0 / (d as f32).sqrt());
+    let down = rng.bf16_normal((e * i + is) * d, 1.0 / (i as f32).sqrt());
+    let w = MoeWeightsOnDevice::upload_bf16(gpu, shape, &b.router, &b.shared_gate, &gate_up, &down).expect("upload");
+    let lin = |v: &[bf16], rows, cols| Linear { rows, cols, w: to_f32(v), bias: None };
+    let expert = |ex: usize| {
+        let (inter, gu0, dn0) = if ex < e { (i, 2 * ex * i * d, ex * i * d) } else { (is, 2 * e * i * d, e * i * d) };
+        ExpertWeights {
+            gate: lin(&gate_up[gu0..gu0 + inter * d], inter, d),
+            up: lin(&gate_up[gu0 + inter * d..gu0 + 2 * inter * d], inter, d),
+            down: lin(&down[dn0..dn0 + d * inter], d, inter),
+        }
+    };
+    let route = b.route();
+    let (ref_y, ref_h) = b.reference(&route, expert, &expert(e));
+    for t in tiles {
+        let k = MoeKernels::load(gpu, *t).expect("compile");
+        check(&format!("bf16 {shape:?} {t:?}"), &b, &route, &ref_y, &ref_h, run(gpu, &k, &w, &b.x, false));
+    }
+}
+
+/// The defaults, and for each kernel every candidate that differs from its default in one tile,
+/// among those that fit `shape`.
+fn tile_variants(shape: MoeShape) -> Vec<MoeTiles> {
+    fn one_off<T: TileSet>() -> Vec<T> {
+        let d = T::DEFAULT.values();
+        T::candidates().into_iter().filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1).collect()
+    }
+    let base = MoeTiles::default();
+    let mut v = vec![base];
+    v.extend(one_off().into_iter().map(|t| MoeTiles { router: t, ..base }));
+    v.extend(one_off().into_iter().map(|t| MoeTiles { gate_up_nvfp4: t, ..base }));
+    v.extend(one_off().into_iter().map(|t| MoeTiles { down_nvfp4: t, ..base }));
+    v.extend(one_off().into_iter().map(|t| MoeTiles { gate_up_bf16: t, ..base }));
+    v.extend(one_off().into_iter().map(|t| MoeTiles { down_bf16: t, ..base }));
+    v.retain(|t| t.check(shape).is_ok());
+    v
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn moe_nvfp4_matches_the_reference() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("moe nvfp4");
+    let tiny = tile_variants(TINY);
+    println!("tiny shape: {} tile sets", tiny.len());
+    nvfp4_case(&gpu, &mut rng, TINY, &tiny);
+    nvfp4_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()]);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn moe_bf16_matches_the_reference() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("moe bf16");
+    let tiny = tile_variants(TINY);
+    bf16_case(&gpu, &mut rng, TINY, &tiny);
+    bf16_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()]);
+}
