@@ -393,41 +393,8 @@ impl Intrinsic {
                 }
                 sig(vec![base, index, args[2]], Type::Void)
             }
-            I::AtomicMax => {
-                arity(3)?;
-                let base = args[0];
-                let elem = match base {
-                    Type::Ptr { mutable: true, elem: Elem::Scalar(s @ (Scalar::U32 | Scalar::I32)) }
-                    | Type::Array { space: Space::Shared, elem: Elem::Scalar(s @ (Scalar::U32 | Scalar::I32)) } => s,
-                    _ => {
-                        return Err(format!(
-                            "argument 1 must be a mutable u32 or i32 pointer or shared array, found {base}"
-                        ));
-                    }
-                };
-                let index = index_type(args[1])?;
-                want(2, Type::Scalar(elem))?;
-                sig(vec![base, index, Type::Scalar(elem)], Type::Scalar(elem))
-            }
-            I::AtomicAdd => {
-                arity(3)?;
-                let base = args[0];
-                let elem = match base {
-                    Type::Ptr { mutable: true, elem: Elem::Scalar(s @ (Scalar::F32 | Scalar::U32 | Scalar::I32)) }
-                    | Type::Array {
-                        space: Space::Shared,
-                        elem: Elem::Scalar(s @ (Scalar::F32 | Scalar::U32 | Scalar::I32)),
-                    } => s,
-                    _ => {
-                        return Err(format!(
-                            "argument 1 must be a mutable f32, u32 or i32 pointer or shared array, found {base}"
-                        ));
-                    }
-                };
-                let index = index_type(args[1])?;
-                want(2, Type::Scalar(elem))?;
-                sig(vec![base, index, Type::Scalar(elem)], Type::Scalar(elem))
-            }
+            I::AtomicMax => atomic(args, &[Scalar::U32, Scalar::I32]),
+            I::AtomicAdd => atomic(args, &[Scalar::F32, Scalar::U32, Scalar::I32]),
         }
     }
 
@@ -456,6 +423,38 @@ impl Intrinsic {
             _ => &[],
         }
     }
+}
+
+/// `atomic_*(buffer, index, value)` on a mutable global buffer or a shared array of one of `elems`.
+fn atomic(args: &[Type], elems: &[Scalar]) -> Result<Signature, String> {
+    if args.len() != 3 {
+        return Err(format!("takes 3 arguments, {} given", args.len()));
+    }
+    let base = args[0];
+    let elem = match base {
+        Type::Ptr { mutable: true, elem: Elem::Scalar(s) }
+        | Type::Array { space: Space::Shared, elem: Elem::Scalar(s) }
+            if elems.contains(&s) =>
+        {
+            s
+        }
+        _ => {
+            let names: Vec<&str> = elems.iter().map(|s| s.rust_name()).collect();
+            return Err(format!(
+                "argument 1 must be a mutable {} pointer or shared array, found {base}",
+                names.join(", ")
+            ));
+        }
+    };
+    let index = index_type(args[1])?;
+    let value = Type::Scalar(elem);
+    if args[2] != value
+        && !(args[2] == Type::IntLit && value.is_int_like())
+        && !(args[2] == Type::FloatLit && value == Type::F32)
+    {
+        return Err(format!("argument 3 must be {value}, found {}", args[2]));
+    }
+    Ok(Signature { params: vec![base, index, value], ret: value })
 }
 
 /// Indices are u32 (the usual case on a GPU), i32, or u64 for buffers past 4 GiB elements.
