@@ -108,3 +108,13 @@ fn every_kernel_compiles_for_every_arch_without_spills_at_default_tiles() {
     let _ = std::fs::write(out, &report);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// A kernel NVRTC rejects: the error carries NVRTC's log and the generated lines it points at.
+#[test]
+fn a_compile_error_shows_the_log_and_the_offending_lines() {
+    nvrtc::load().unwrap_or_else(|e| panic!("{e}"));
+    let source = "extern \"C\" __global__ void broken(float* y)\n{\n    y[0] = undefined_name + 1.0f;\n}\n";
+    let err = nvrtc::compile(source, "broken", Arch::Sm90).expect_err("the source does not compile").to_string();
+    assert!(err.contains("broken") && err.contains("undefined_name"), "{err}");
+    assert!(err.contains(">    3 |     y[0] = undefined_name + 1.0f;"), "the excerpt marks line 3:\n{err}");
+}
