@@ -179,8 +179,14 @@ fn bench_moe(c: &mut Criterion) {
                 Ok(())
             })
             .expect("capture");
-        // FLASHNEXT_BENCH_PROFILE=1: one eager pass per layer only, for a profiler to attach to.
-        if std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some() {
+        // FLASHNEXT_BENCH_PROFILE=1: one eager pass per layer only, for a profiler to attach to;
+        // `=graph`: three replays of the graph too, for a timeline of the graph's nodes.
+        if let Some(mode) = std::env::var_os("FLASHNEXT_BENCH_PROFILE") {
+            if mode == "graph" {
+                for _ in 0..3 {
+                    whole.launch().expect("replay");
+                }
+            }
             gpu.synchronize().expect("sync");
             return;
         }
@@ -207,6 +213,34 @@ fn bench_moe(c: &mut Criterion) {
                 per_layer * 1e6,
                 p10 / LAYERS as f64 * 1e6,
                 p90 / LAYERS as f64 * 1e6
+            );
+        }
+        // The same graph with every launch serialised (no programmatic dependent launch): what the
+        // overlap buys, in the same run.
+        gpu.set_overlap_launches(false);
+        let serial = gpu
+            .capture(|| {
+                for l in &launches {
+                    // SAFETY: as above.
+                    unsafe { l.enqueue(&gpu, &kernels) }?;
+                }
+                Ok(())
+            })
+            .expect("capture");
+        gpu.set_overlap_launches(true);
+        let (s_median, s_p10, s_p90) = replay_times(&gpu, &serial, 50);
+        drop(serial);
+        println!(
+            "moe {format} layer, launches serialised: {:.2} us per layer (p10 {:.2}, p90 {:.2})",
+            s_median / LAYERS as f64 * 1e6,
+            s_p10 / LAYERS as f64 * 1e6,
+            s_p90 / LAYERS as f64 * 1e6
+        );
+        if let Some(f) = jsonl.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"bench\":\"moe-serialised\",\"format\":\"{format}\",\"device\":\"{name}\",\"us_per_layer\":{:.3}}}",
+                s_median / LAYERS as f64 * 1e6
             );
         }
         group.throughput(Throughput::Bytes((bytes * LAYERS) as u64));

@@ -434,6 +434,23 @@ pub fn long_lines(
     );
 }
 
+/// A kernel that overlaps its predecessor (programmatic dependent launch): it prefetches its
+/// weights into L2 and reads them before waiting, and touches the predecessor's output after.
+#[kernel(block = 128, grid = div_ceil(n, 128))]
+pub fn overlap(w: &[u32], x: &[f32], y: &mut [f32], started: &mut [u64], n: u32) {
+    let i = block_idx() * 128 + thread_idx();
+    if thread_idx() == 0 {
+        prefetch_l2(w, block_idx() * 128, 512);
+        started[block_idx()] = global_timer();
+    }
+    let weight = if i < n { w[i] } else { 0 };
+    grid_dependency_wait();
+    launch_dependents();
+    if i < n {
+        y[i] = x[i] * weight as f32;
+    }
+}
+
 /// Every example, by snapshot name. Kernels without an architecture in the name are emitted for
 /// sm_90; their text is the same for sm_121a except for the header line.
 fn all_sources() -> Vec<(&'static str, String)> {
@@ -456,6 +473,7 @@ fn all_sources() -> Vec<(&'static str, String)> {
         ("raw", cuda::<raw::Kernel>(&raw::Tiles {}, Arch::Sm90)),
         ("raw_asm", cuda::<raw_asm::Kernel>(&raw_asm::Tiles {}, Arch::Sm90)),
         ("long_lines", cuda::<long_lines::Kernel>(&long_lines::Tiles {}, Arch::Sm90)),
+        ("overlap", cuda::<overlap::Kernel>(&overlap::Tiles {}, Arch::Sm90)),
     ]
 }
 
@@ -494,13 +512,14 @@ snapshot_tests! {
     raw => "raw",
     raw_asm => "raw_asm",
     long_lines => "long_lines",
+    overlap => "overlap",
 }
 
 #[test]
 fn every_example_has_a_snapshot_test() {
     // The list above and all_sources() name the same examples.
     let names: Vec<&str> = all_sources().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names.len(), 17);
+    assert_eq!(names.len(), 18);
     let mut sorted = names.clone();
     sorted.sort_unstable();
     sorted.dedup();

@@ -92,8 +92,9 @@ impl Block {
     }
 }
 
-/// Runs one pass on the GPU twice (poisoning y and h first): ids, weights, h, y; and whether the
-/// second pass gave the same bits.
+/// Runs one pass on the GPU three times (poisoning y, h and the staged activations first), the
+/// third with overlapped launches off: ids, weights, h, y; and whether the other passes gave the
+/// same bits.
 fn run(
     gpu: &Gpu,
     k: &MoeKernels,
@@ -106,15 +107,19 @@ fn run(
     let mut dy = gpu.alloc::<bf16>(sh.hidden).expect("y");
     let mut s = MoeScratch::new(gpu, sh).expect("scratch");
     let mut outputs = Vec::new();
-    for _ in 0..2 {
+    for pass in 0..3 {
+        gpu.set_overlap_launches(pass < 2);
         gpu.fill_bytes(&mut dy, 0xff).expect("poison");
         gpu.fill_bytes(&mut s.h, 0xff).expect("poison");
         gpu.fill_bytes(&mut s.h_bf16, 0xff).expect("poison");
+        gpu.fill_bytes(&mut s.h_staged, 0xff).expect("poison");
+        gpu.fill_bytes(&mut s.x_staged, 0xff).expect("poison");
         // SAFETY: x and y hold `hidden` elements; they are not part of the weights or scratch.
         unsafe { enqueue(gpu, k, w, &mut s, dx.ptr(), dy.ptr_mut()) }.expect("enqueue");
         outputs.push(to_f32(&gpu.download(&dy).expect("y")));
     }
-    let same = outputs[0].iter().zip(&outputs[1]).all(|(a, b)| a.to_bits() == b.to_bits());
+    gpu.set_overlap_launches(true);
+    let same = outputs[1..].iter().all(|o| o.iter().zip(&outputs[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
     let ids = gpu.download(&s.ids).expect("ids");
     let weights = gpu.download(&s.weights).expect("weights");
     let h = if nvfp4 { gpu.download(&s.h).expect("h") } else { to_f32(&gpu.download(&s.h_bf16).expect("h")) };
@@ -228,4 +233,73 @@ fn moe_bf16_matches_the_reference() {
     let tiny = tile_variants(TINY);
     bf16_case(&gpu, &mut rng, TINY, &tiny);
     bf16_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()]);
+}
+
+/// Layers chained on one stream with one scratch, each reading the previous one's output, as the
+/// decode step runs them: the overlapped launches (each kernel starting before its predecessor
+/// ends), eager and captured in a graph, give the bits of layers run one at a time with a host
+/// synchronisation between them.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn chained_layers_give_the_bits_of_layers_run_apart() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("moe chain");
+    for shape in [TINY, PUBLISHED] {
+        let d = shape.hidden;
+        let layers: Vec<MoeWeightsOnDevice> = (0..4)
+            .map(|_| {
+                let b = Block::new(&mut rng, shape);
+                let expert = |rng: &mut Rng, inter: usize| ExpertNvfp4 {
+                    gate: random_nvfp4(rng, inter, d),
+                    up: random_nvfp4(rng, inter, d),
+                    down: random_nvfp4(rng, d, inter),
+                };
+                let experts: Vec<ExpertNvfp4> = (0..shape.experts).map(|_| expert(&mut rng, shape.inter)).collect();
+                let shared = expert(&mut rng, shape.shared_inter);
+                let stacked = StackedNvfp4::stack(&experts, &shared);
+                MoeWeightsOnDevice::upload_nvfp4(&gpu, shape, &b.router, &b.shared_gate, &stacked).expect("upload")
+            })
+            .collect();
+        let k = MoeKernels::load(&gpu, MoeTiles::default()).expect("compile");
+        let mut s = MoeScratch::new(&gpu, shape).expect("scratch");
+        let x: Vec<bf16> = rng.bf16_normal(d, 1.0);
+        // Activations: acts[0] = x, acts[l + 1] = layer l's output.
+        let mut acts: Vec<_> = std::iter::once(gpu.upload(&x).expect("x"))
+            .chain((0..layers.len()).map(|_| gpu.alloc::<bf16>(d).expect("activations")))
+            .collect();
+        let mut enqueue_all = |acts: &mut Vec<engine::cuda::DeviceBuffer<bf16>>, sync: bool| {
+            for (l, w) in layers.iter().enumerate() {
+                let (head, tail) = acts.split_at_mut(l + 1);
+                // SAFETY: distinct buffers of `hidden` elements, apart from weights and scratch.
+                unsafe { enqueue(&gpu, &k, w, &mut s, head[l].ptr(), tail[0].ptr_mut()) }.expect("enqueue");
+                if sync {
+                    gpu.synchronize().expect("sync");
+                }
+            }
+        };
+        let poison = |acts: &mut Vec<engine::cuda::DeviceBuffer<bf16>>| {
+            for a in acts.iter_mut().skip(1) {
+                gpu.fill_bytes(a, 0xff).expect("poison");
+            }
+        };
+        poison(&mut acts);
+        enqueue_all(&mut acts, true);
+        let apart = gpu.download(&acts[layers.len()]).expect("y");
+        assert!(apart.iter().all(|v| v.is_finite()), "{shape:?}: unwritten output");
+        poison(&mut acts);
+        enqueue_all(&mut acts, false);
+        let chained = gpu.download(&acts[layers.len()]).expect("y");
+        assert_eq!(chained, apart, "{shape:?}: chained layers differ from layers run apart");
+        poison(&mut acts);
+        let graph = gpu
+            .capture(|| {
+                enqueue_all(&mut acts, false);
+                Ok(())
+            })
+            .expect("capture");
+        graph.launch().expect("replay");
+        let replayed = gpu.download(&acts[layers.len()]).expect("y");
+        assert_eq!(replayed, apart, "{shape:?}: the captured chain differs from layers run apart");
+        println!("{shape:?}: 4 chained layers, overlapped eager and graph = apart");
+    }
 }

@@ -49,11 +49,18 @@ __device__ __forceinline__ uint4 ld_stream_u32x4(const void* p) {
     return r;
 }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) moe_gate_up_bf16(
-    const bf16* __restrict__ x,
-    const unsigned* __restrict__ ids,
-    const bf16* __restrict__ weights,
-    bf16* __restrict__ h,
+    const bf16* x,
+    const unsigned* ids,
+    const bf16* weights,
+    bf16* h,
     const unsigned experts,
     const unsigned hidden,
     const unsigned inter,
@@ -61,6 +68,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_bf16(
     const unsigned h_stride,
     const unsigned top_k)
 {
+    grid_dependency_wait();
+    launch_dependents();
     const unsigned slot = blockIdx.y;
     const bool routed = slot < top_k;
     const unsigned expert = routed ? ids[slot] : experts;

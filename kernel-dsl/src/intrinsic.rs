@@ -19,10 +19,21 @@ pub enum Intrinsic {
     WarpId,
     /// The target's SM version (90 or 121); folded to a constant when the template is specialised.
     Sm,
+    /// The GPU's global nanosecond timer (u64), the same clock on every SM: for timing inside a
+    /// kernel and across kernels.
+    GlobalTimer,
     // Barriers and fences.
     SyncThreads,
     SyncWarp,
     ThreadFence,
+    // Programmatic dependent launch (sm_90+): a kernel launched to overlap its predecessor may
+    // start before the predecessor finishes. It reads nothing the predecessor writes and writes
+    // nothing before `grid_dependency_wait()`; `launch_dependents()` lets the successor start.
+    GridDependencyWait,
+    LaunchDependents,
+    /// `prefetch_l2(buffer, index, bytes)`: a bulk prefetch of `bytes` (a multiple of 16, from a
+    /// 16-byte aligned element) into L2, fire and forget.
+    PrefetchL2,
     // Warp and block collectives.
     ShflXor,
     ShflDown,
@@ -103,9 +114,13 @@ impl Intrinsic {
             "lane_id" => plain(Intrinsic::LaneId),
             "warp_id" => plain(Intrinsic::WarpId),
             "sm" => plain(Intrinsic::Sm),
+            "global_timer" => plain(Intrinsic::GlobalTimer),
             "sync_threads" => plain(Intrinsic::SyncThreads),
             "sync_warp" => plain(Intrinsic::SyncWarp),
             "thread_fence" => plain(Intrinsic::ThreadFence),
+            "grid_dependency_wait" => plain(Intrinsic::GridDependencyWait),
+            "launch_dependents" => plain(Intrinsic::LaunchDependents),
+            "prefetch_l2" => plain(Intrinsic::PrefetchL2),
             "shfl_xor" => plain(Intrinsic::ShflXor),
             "shfl_down" => plain(Intrinsic::ShflDown),
             "shfl" => plain(Intrinsic::Shfl),
@@ -191,6 +206,10 @@ impl Intrinsic {
             Intrinsic::SyncThreads
                 | Intrinsic::SyncWarp
                 | Intrinsic::ThreadFence
+                | Intrinsic::GridDependencyWait
+                | Intrinsic::LaunchDependents
+                | Intrinsic::PrefetchL2
+                | Intrinsic::GlobalTimer
                 | Intrinsic::StoreVec
                 | Intrinsic::AtomicAdd
                 | Intrinsic::AtomicMax
@@ -237,9 +256,23 @@ impl Intrinsic {
                 arity(0)?;
                 sig(vec![], u32)
             }
-            I::SyncThreads | I::SyncWarp | I::ThreadFence => {
+            I::SyncThreads | I::SyncWarp | I::ThreadFence | I::GridDependencyWait | I::LaunchDependents => {
                 arity(0)?;
                 sig(vec![], Type::Void)
+            }
+            I::GlobalTimer => {
+                arity(0)?;
+                sig(vec![], Type::Scalar(Scalar::U64))
+            }
+            I::PrefetchL2 => {
+                arity(3)?;
+                let base = args[0];
+                if !matches!(base, Type::Ptr { .. }) {
+                    return Err(format!("argument 1 must be a global pointer, found {base}"));
+                }
+                let index = index_type(args[1])?;
+                want(2, u32)?;
+                sig(vec![base, index, u32], Type::Void)
             }
             I::ShflXor | I::ShflDown | I::Shfl => {
                 arity(2)?;
@@ -420,6 +453,9 @@ impl Intrinsic {
             I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
             I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],
             I::LoadCg => &[Helper::LdCg],
+            I::GridDependencyWait | I::LaunchDependents => &[Helper::GridDependency],
+            I::PrefetchL2 => &[Helper::PrefetchL2],
+            I::GlobalTimer => &[Helper::GlobalTimer],
             _ => &[],
         }
     }

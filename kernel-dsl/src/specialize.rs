@@ -31,6 +31,20 @@ impl Kernel {
     pub fn name(&self) -> &str {
         &self.key.name
     }
+
+    /// Whether the specialised body still calls `grid_dependency_wait()`: only such a kernel may
+    /// be launched to overlap its predecessor, since it is the call that orders its reads after
+    /// the predecessor's writes.
+    pub fn waits_on_grid_dependency(&self) -> bool {
+        let mut found = false;
+        for stmt in &self.body {
+            stmt.visit_exprs(&mut |e| {
+                found |=
+                    matches!(e.kind, crate::ir::ExprKind::Call(crate::intrinsic::Intrinsic::GridDependencyWait, _));
+            });
+        }
+        found
+    }
 }
 
 /// Why a template could not be specialised with the given values.

@@ -38,6 +38,9 @@ pub struct Gpu {
     info: DeviceInfo,
     cache: CompileCache,
     modules: Mutex<HashMap<KernelKey, Arc<cudarc::driver::CudaModule>>>,
+    /// Whether kernels that wait on their grid dependency are launched to overlap their
+    /// predecessor (programmatic dependent launch); on by default, off with `FLASHNEXT_NO_PDL=1`.
+    overlap: std::sync::atomic::AtomicBool,
 }
 
 /// Whether a CUDA driver is installed and sees at least one device; says why not otherwise.
@@ -82,7 +85,26 @@ impl Gpu {
         };
         // The legacy default stream cannot be captured into a graph: a stream of our own.
         let stream = ctx.new_stream().during("creating the stream")?;
-        Ok(Gpu { ctx, stream, info, cache, modules: Mutex::new(HashMap::new()) })
+        let overlap = std::env::var_os("FLASHNEXT_NO_PDL").is_none_or(|v| v.is_empty() || v == "0");
+        Ok(Gpu {
+            ctx,
+            stream,
+            info,
+            cache,
+            modules: Mutex::new(HashMap::new()),
+            overlap: std::sync::atomic::AtomicBool::new(overlap),
+        })
+    }
+
+    /// Whether launches of kernels that call `grid_dependency_wait()` overlap their predecessor.
+    pub fn overlaps_launches(&self) -> bool {
+        self.overlap.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Turns overlapped launches on or off for the launches enqueued from now on (a graph keeps
+    /// what it captured).
+    pub fn set_overlap_launches(&self, on: bool) {
+        self.overlap.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn info(&self) -> &DeviceInfo {
@@ -200,6 +222,7 @@ impl Gpu {
             }
         };
         let function = module.load_function(K::NAME).during(&format!("finding the entry of {}", spec.key))?;
-        Ok(LoadedKernel::new(tiles, spec.key, cubin.resources, module, function))
+        let overlappable = spec.waits_on_grid_dependency();
+        Ok(LoadedKernel::new(tiles, spec.key, cubin.resources, overlappable, module, function))
     }
 }

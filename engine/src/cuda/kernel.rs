@@ -17,6 +17,8 @@ pub struct LoadedKernel<K: KernelDef> {
     tiles: K::Tiles,
     key: KernelKey,
     resources: Resources,
+    /// The kernel calls `grid_dependency_wait()`, so it may start before its predecessor ends.
+    overlappable: bool,
     // Kept so the function handle stays valid.
     _module: Arc<CudaModule>,
     function: CudaFunction,
@@ -28,10 +30,16 @@ impl<K: KernelDef> LoadedKernel<K> {
         tiles: K::Tiles,
         key: KernelKey,
         resources: Resources,
+        overlappable: bool,
         module: Arc<CudaModule>,
         function: CudaFunction,
     ) -> Self {
-        LoadedKernel { tiles, key, resources, _module: module, function, _kernel: PhantomData }
+        LoadedKernel { tiles, key, resources, overlappable, _module: module, function, _kernel: PhantomData }
+    }
+
+    /// Whether the kernel waits on its grid dependency, so launches may overlap its predecessor.
+    pub fn overlappable(&self) -> bool {
+        self.overlappable
     }
 
     pub fn tiles(&self) -> &K::Tiles {
@@ -51,7 +59,10 @@ impl<K: KernelDef> LoadedKernel<K> {
         Ok(K::launch_dims(&self.tiles, args)?)
     }
 
-    /// Enqueues the kernel on the GPU's stream.
+    /// Enqueues the kernel on the GPU's stream. A kernel that calls `grid_dependency_wait()` is
+    /// launched to overlap its predecessor (programmatic stream serialisation) while the GPU's
+    /// overlap switch is on: its blocks may start as soon as every block of the previous kernel
+    /// has called `launch_dependents()` or exited, and run up to the wait meanwhile.
     ///
     /// # Safety
     /// The buffers behind `args` must be live and as large as the kernel reads and writes for the
@@ -75,6 +86,35 @@ impl<K: KernelDef> LoadedKernel<K> {
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
+        if self.overlappable && gpu.overlaps_launches() {
+            use cudarc::driver::sys;
+            let mut attribute = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                // SAFETY: an all-zero union is a valid value of every member; one is set below.
+                value: unsafe { std::mem::zeroed() },
+            };
+            attribute.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: bx,
+                blockDimY: by,
+                blockDimZ: bz,
+                sharedMemBytes: dims.dynamic_shared_bytes,
+                hStream: gpu.stream().cu_stream(),
+                attrs: &mut attribute,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; the configuration and its one attribute outlive the call, and the
+            // kernel orders its reads of earlier kernels' outputs after its grid dependency wait.
+            return unsafe {
+                sys::cuLaunchKernelEx(&config, self.function.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .during(&format!("launching {} (overlapped)", self.key));
+        }
         // SAFETY: the function belongs to a module this kernel keeps loaded; the parameter slots
         // match the kernel's signature (generated from the same description); the caller
         // guarantees the buffers.

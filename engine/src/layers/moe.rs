@@ -23,9 +23,10 @@ pub struct MoeShape {
 }
 
 impl MoeShape {
-    /// Row stride of the intermediate activations h: the larger intermediate size, rounded up to 8.
+    /// Row stride of the intermediate activations h: the larger intermediate size, rounded up to 16
+    /// (whole 16-value chunks, as the NVFP4 down kernel reads them).
     pub fn h_stride(&self) -> usize {
-        self.inter.max(self.shared_inter).div_ceil(8) * 8
+        self.inter.max(self.shared_inter).div_ceil(16) * 16
     }
 
     /// Bytes one token's pass must read: the router, the shared gate, x, and the chosen experts'
@@ -199,15 +200,14 @@ pub struct MoeScratch {
     pub ids: DeviceBuffer<u32>,
     /// Their routing weights, then the shared expert's gate [top_k + 1].
     pub weights: DeviceBuffer<f32>,
-    /// x as the NVFP4 kernels read it: f16 pairs [hidden / 8] divided by `x_scale` [1].
+    /// x as the NVFP4 kernels read it: f16 pairs [hidden / 8], each 16-value chunk divided by its
+    /// largest |x| (`x_scale` [hidden / 16]).
     pub x_staged: DeviceBuffer<[u32; 4]>,
     pub x_scale: DeviceBuffer<f32>,
     /// SiLU(gate)·up per slot, f32 [top_k + 1, h_stride] (NVFP4 path).
     pub h: DeviceBuffer<f32>,
-    /// Each slot's largest |h| as f32 bits [top_k + 1].
-    pub h_max: DeviceBuffer<u32>,
-    pub gate_up_counter: DeviceBuffer<u32>,
-    /// h as the NVFP4 down kernel reads it: f16 pairs, each slot divided by `h_scale[slot]`.
+    /// h as the NVFP4 down kernel reads it: f16 pairs [(top_k + 1)·h_stride / 8], each 16-value
+    /// chunk divided by its largest |h| (`h_scale` [(top_k + 1)·h_stride / 16]).
     pub h_staged: DeviceBuffer<[u32; 4]>,
     pub h_scale: DeviceBuffer<f32>,
     /// SiLU(gate)·up per slot in bf16 (bf16 path).
@@ -223,12 +223,10 @@ impl MoeScratch {
             ids: gpu.alloc(shape.top_k)?,
             weights: gpu.alloc(slots)?,
             x_staged: gpu.alloc(shape.hidden / 8)?,
-            x_scale: gpu.alloc(1)?,
+            x_scale: gpu.alloc(shape.hidden / 16)?,
             h: gpu.alloc(slots * shape.h_stride())?,
-            h_max: gpu.alloc(slots)?,
-            gate_up_counter: gpu.alloc(1)?,
             h_staged: gpu.alloc(slots * shape.h_stride() / 8)?,
-            h_scale: gpu.alloc(slots)?,
+            h_scale: gpu.alloc(slots * shape.h_stride() / 16)?,
             h_bf16: gpu.alloc(slots * shape.h_stride())?,
         })
     }
@@ -341,7 +339,7 @@ struct Addresses {
     shared_gate: u64,
     gate_up: [u64; 3],
     down: [u64; 3],
-    s: [u64; 12],
+    s: [u64; 10],
 }
 
 impl MoeLaunches {
@@ -377,8 +375,6 @@ impl MoeLaunches {
                 s.x_staged.ptr_mut().addr(),
                 s.x_scale.ptr_mut().addr(),
                 s.h.ptr_mut().addr(),
-                s.h_max.ptr_mut().addr(),
-                s.gate_up_counter.ptr_mut().addr(),
                 s.h_staged.ptr_mut().addr(),
                 s.h_scale.ptr_mut().addr(),
                 s.h_bf16.ptr_mut().addr(),
@@ -389,7 +385,7 @@ impl MoeLaunches {
 
     /// The launches with every address 0: for checking a shape against tiles.
     pub fn unbound(shape: MoeShape, nvfp4: bool) -> MoeLaunches {
-        let a = Addresses { x: 0, y: 0, router: 0, shared_gate: 0, gate_up: [0; 3], down: [0; 3], s: [0; 12] };
+        let a = Addresses { x: 0, y: 0, router: 0, shared_gate: 0, gate_up: [0; 3], down: [0; 3], s: [0; 10] };
         MoeLaunches::build(shape, nvfp4, &a)
     }
 
@@ -403,20 +399,7 @@ impl MoeLaunches {
         let u = |v: usize| v as u32;
         let (experts, hidden, inter, shared_inter, h_stride, top_k) =
             (u(sh.experts), u(sh.hidden), u(sh.inter), u(sh.shared_inter), u(sh.h_stride()), u(sh.top_k));
-        let [
-            logits,
-            router_counter,
-            ids,
-            weights,
-            x_staged,
-            x_scale,
-            h,
-            h_max,
-            gate_up_counter,
-            h_staged,
-            h_scale,
-            h_bf16,
-        ] = a.s;
+        let [logits, router_counter, ids, weights, x_staged, x_scale, h, h_staged, h_scale, h_bf16] = a.s;
         let router = moe_router::Args {
             router: r(a.router),
             shared_gate: r(a.shared_gate),
@@ -427,7 +410,6 @@ impl MoeLaunches {
             weights: w(weights),
             x_staged: w(x_staged),
             x_scale: w(x_scale),
-            h_max: w(h_max),
             experts,
             hidden,
             top_k,
@@ -443,8 +425,6 @@ impl MoeLaunches {
                     scales: r(a.gate_up[1]),
                     scale2: r(a.gate_up[2]),
                     h: w(h),
-                    h_max: w(h_max),
-                    counter: w(gate_up_counter),
                     h_staged: w(h_staged),
                     h_scale: w(h_scale),
                     experts,

@@ -56,10 +56,19 @@ pub fn cuda(kernel: &Kernel) -> String {
         out.push_str(h.code(key.arch));
     }
     out.push('\n');
+    // A kernel that overlaps its predecessor reads what the predecessor writes, after its grid
+    // dependency wait. No pointer of it may be `__restrict__`: once the compiler knows a buffer is
+    // not written by this kernel it loads it as invariant data (LDG.CONSTANT) and moves the load
+    // above the wait, "memory" clobber or not (seen in the SASS on sm_90; tests/gpu_overlap.rs).
+    let overlapped = kernel.waits_on_grid_dependency();
+    if overlapped {
+        out.push_str("// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's\n");
+        out.push_str("// output is treated as invariant and moved above grid_dependency_wait().\n");
+    }
     let _ = write!(out, "extern \"C\" __global__ void __launch_bounds__({}) {}(", kernel.block_threads, key.name);
     for (i, p) in kernel.params.iter().enumerate() {
         out.push_str(if i == 0 { "\n    " } else { ",\n    " });
-        out.push_str(&param_decl(&p.name, p.ty));
+        out.push_str(&param_decl(&p.name, p.ty, !overlapped));
     }
     out.push_str(")\n{\n");
     out.push_str(&body);
@@ -121,10 +130,11 @@ fn conversion(from: Type, to: Type) -> Option<Helper> {
     }
 }
 
-fn param_decl(name: &str, ty: Type) -> String {
+fn param_decl(name: &str, ty: Type, restrict: bool) -> String {
+    let restrict = if restrict { " __restrict__" } else { "" };
     match ty {
-        Type::Ptr { elem, mutable: false } => format!("const {}* __restrict__ {name}", elem.cuda_name()),
-        Type::Ptr { elem, mutable: true } => format!("{}* __restrict__ {name}", elem.cuda_name()),
+        Type::Ptr { elem, mutable: false } => format!("const {}*{restrict} {name}", elem.cuda_name()),
+        Type::Ptr { elem, mutable: true } => format!("{}*{restrict} {name}", elem.cuda_name()),
         Type::Scalar(s) => format!("const {} {name}", s.cuda_name()),
         Type::Vector(v) => format!("const {} {name}", v.cuda_name()),
         // #[kernel] admits only pointers and scalars as parameters.
@@ -596,6 +606,10 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::SyncThreads => "__syncthreads()".into(),
         I::SyncWarp => "__syncwarp()".into(),
         I::ThreadFence => "__threadfence()".into(),
+        I::GridDependencyWait => "grid_dependency_wait()".into(),
+        I::GlobalTimer => "global_timer()".into(),
+        I::LaunchDependents => "launch_dependents()".into(),
+        I::PrefetchL2 => format!("prefetch_l2({}, {})", address(&args[0], &args[1]), a[2]),
         I::ShflXor => format!("__shfl_xor_sync(0xffffffffu, {}, {})", a[0], a[1]),
         I::ShflDown => format!("__shfl_down_sync(0xffffffffu, {}, {})", a[0], a[1]),
         I::Shfl => format!("__shfl_sync(0xffffffffu, {}, {})", a[0], a[1]),

@@ -72,6 +72,9 @@ pub enum Helper {
     LdStreamV4,
     LdStreamV2,
     LdCg,
+    GridDependency,
+    PrefetchL2,
+    GlobalTimer,
 }
 
 impl Helper {
@@ -378,6 +381,26 @@ impl Helper {
                  // The built-in is an ordinary load to the compiler: several can be in flight at once.\n\
                  __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }\n\
                  __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }\n"
+            }
+            H::GridDependency => {
+                "// Programmatic dependent launch: wait until the grids this one overlaps have finished and\n\
+                 // their writes are visible; let the next grid start (its blocks wait in turn).\n\
+                 __device__ __forceinline__ void grid_dependency_wait() { asm volatile(\"griddepcontrol.wait;\" ::: \"memory\"); }\n\
+                 __device__ __forceinline__ void launch_dependents() { asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\"); }\n"
+            }
+            H::GlobalTimer => {
+                "// The global nanosecond timer, one clock for every SM.\n\
+                 __device__ __forceinline__ unsigned long long global_timer() {\n\
+                 \x20   unsigned long long t;\n\
+                 \x20   asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n\
+                 \x20   return t;\n\
+                 }\n"
+            }
+            H::PrefetchL2 => {
+                "// A bulk copy engine prefetch into L2 (no registers held, nothing waited for).\n\
+                 __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {\n\
+                 \x20   asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(p), \"r\"(bytes) : \"memory\");\n\
+                 }\n"
             }
         }
     }

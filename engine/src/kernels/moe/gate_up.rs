@@ -11,30 +11,37 @@ use kernel_macros::kernel;
 /// h[slot, r] = SiLU(gate_r·x) · (up_r·x) for NVFP4 weights (ModelOpt layout, stacked as above;
 /// `scale2` [E + 1, 2] holds each expert's gate and up global scales).
 ///
-/// x comes staged by the router (f16 pairs divided by `x_scale[0]`, in this architecture's decode
-/// order). A group of LANES lanes takes ROWS rows; per lane and step it streams 16 FP4 values
-/// (8 bytes) of a gate row and of the matching up row and sums f16 products per 16-value block
-/// before scaling by the block's e4m3 scale in f32. h goes out in f32, and each slot's largest
-/// |h| raises `h_max` (f32 bits, an atomic max; the router zeroed it). The last block to finish (a
-/// counter in `counter[0]`, left at zero) stages h for the down projection: f16 pairs divided by
-/// the slot's largest |h| (`h_staged` [(top_k + 1)·h_stride/8], `h_scale` [top_k + 1]).
+/// x comes staged by the router: f16 pairs in this architecture's decode order, each 16-value
+/// chunk divided by its max|x| (`x_scale` [hidden/16]). A group of LANES lanes takes ROWS rows;
+/// per lane and step it streams 16 FP4 values (8 bytes) of a gate row and of the matching up row
+/// and sums f16 products per 16-value block before scaling by the block's e4m3 scale and x's
+/// chunk scale in f32. A block owns TILE = WARPS·(32/LANES)·ROWS consecutive rows of one slot, a
+/// multiple of 16, so it stages its own h for the down projection with no grid-wide step: f16
+/// pairs per 16-row chunk divided by the chunk's max|h| (`h_staged` [(top_k + 1)·h_stride/8],
+/// `h_scale` [(top_k + 1)·h_stride/16]); h also goes out in f32 (`h`, for tests and tools).
+///
+/// The kernel overlaps the router (programmatic dependent launch): before the wait only the
+/// shared expert's blocks run, asking L2 for their rows, which do not depend on the route; with
+/// PREFETCH the routed blocks do the same for theirs once the route is known.
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(inter.max(shared_inter), WARPS * (32 / LANES) * ROWS), top_k + 1),
     require(
         32 % LANES == 0,
+        (WARPS * (32 / LANES) * ROWS) % 16 == 0,
         hidden % (16 * LANES) == 0,
-        inter % ROWS == 0,
-        shared_inter % ROWS == 0,
+        inter % 16 == 0,
+        shared_inter % 16 == 0,
         h_stride >= inter.max(shared_inter),
-        h_stride % 8 == 0,
+        h_stride % 16 == 0,
     ),
 )]
 pub fn moe_gate_up_nvfp4(
-    #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
-    #[tile(default = 32, candidates = [8, 16, 32])] LANES: u32,
+    #[tile(default = 1, candidates = [1, 2, 4])] ROWS: u32,
+    #[tile(default = 16, candidates = [8, 16, 32])] LANES: u32,
     #[tile(default = 8, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 2, candidates = [2, 4, 8])] UNROLL: u32,
+    #[tile(default = false, candidates = [false, true])] PREFETCH: bool,
     x_staged: &[u32x4],
     x_scale: &[f32],
     ids: &[u32],
@@ -42,8 +49,6 @@ pub fn moe_gate_up_nvfp4(
     scales: &[e4m3],
     scale2: &[f32],
     h: &mut [f32],
-    h_max: &mut [u32],
-    counter: &mut [u32],
     h_staged: &mut [u32x4],
     h_scale: &mut [f32],
     experts: u32,
@@ -55,10 +60,29 @@ pub fn moe_gate_up_nvfp4(
 ) {
     let slot = block_idx_y();
     let routed = slot < top_k;
-    let expert = if routed { ids[slot] } else { experts };
     let rows = if routed { inter } else { shared_inter };
+    let tile_rows = WARPS * (32 / LANES) * ROWS;
+    let tile0 = block_idx() * tile_rows;
+    // This block's rows that exist (the grid covers the larger of the two sizes).
+    let tile_len = if tile0 < rows { min(tile_rows, rows - tile0) } else { 0 };
+    if !routed && thread_idx() < 2 && tile_len > 0 {
+        // Gate rows, then up rows `rows` further on.
+        let first = experts * 2 * inter + tile0 + thread_idx() * rows;
+        prefetch_l2(packed, first * (hidden / 2), tile_len * (hidden / 2));
+        prefetch_l2(scales, first * (hidden / 16), tile_len * (hidden / 16));
+    }
+    grid_dependency_wait();
+    launch_dependents();
+
+    let expert = if routed { ids[slot] } else { experts };
+    if PREFETCH && routed && thread_idx() < 2 && tile_len > 0 {
+        let first = expert * 2 * inter + tile0 + thread_idx() * rows;
+        prefetch_l2(packed, first * (hidden / 2), tile_len * (hidden / 2));
+        prefetch_l2(scales, first * (hidden / 16), tile_len * (hidden / 16));
+    }
     let lane = lane_id() % LANES;
-    let row0 = ((block_idx() * WARPS + warp_id()) * (32 / LANES) + lane_id() / LANES) * ROWS;
+    let local0 = ((warp_id() * (32 / LANES)) + lane_id() / LANES) * ROWS;
+    let row0 = tile0 + local0;
     let active = row0 < rows;
     // The gate row r of this expert, as a row of the stacked matrix; its up row is `rows` further.
     let gate0 = expert * 2 * inter + row0;
@@ -70,6 +94,7 @@ pub fn moe_gate_up_nvfp4(
         for c in (lane * 16..hidden).step_by(16 * LANES) {
             let xa = load_vec::<u32x4>(x_staged, c / 8);
             let xb = load_vec::<u32x4>(x_staged, c / 8 + 1);
+            let xs = x_scale[c / 16];
             #[unroll]
             for r in 0..ROWS {
                 let g_row = gate0 + r;
@@ -78,8 +103,8 @@ pub fn moe_gate_up_nvfp4(
                 let uw = load_stream::<u32x2>(packed, u_row * (hidden / 2) + c / 2);
                 let gs = scales[g_row * (hidden / 16) + c / 16] as f32;
                 let us = scales[u_row * (hidden / 16) + c / 16] as f32;
-                g_acc[r] += dot_e2m1x16(gw, xa, xb) * gs;
-                u_acc[r] += dot_e2m1x16(uw, xa, xb) * us;
+                g_acc[r] += dot_e2m1x16(gw, xa, xb) * (gs * xs);
+                u_acc[r] += dot_e2m1x16(uw, xa, xb) * (us * xs);
             }
         }
     }
@@ -95,51 +120,41 @@ pub fn moe_gate_up_nvfp4(
             }
         }
     }
-    if active && lane == 0 {
-        let x_max = x_scale[0];
-        let g_scale = scale2[expert * 2] * x_max;
-        let u_scale = scale2[expert * 2 + 1] * x_max;
-        let mut largest = 0u32;
+    let tile_h = shared::<f32, { WARPS * (32 / LANES) * ROWS }>();
+    if lane == 0 {
+        let g_scale = scale2[expert * 2];
+        let u_scale = scale2[expert * 2 + 1];
         #[unroll]
         for r in 0..ROWS {
-            let v = silu(g_acc[r] * g_scale) * (u_acc[r] * u_scale);
-            h[slot * h_stride + row0 + r] = v;
-            largest = max(largest, abs(v).to_bits());
+            let v = if active { silu(g_acc[r] * g_scale) * (u_acc[r] * u_scale) } else { 0.0 };
+            tile_h[local0 + r] = v;
+            if active {
+                h[slot * h_stride + row0 + r] = v;
+            }
         }
-        atomic_max(h_max, slot, largest);
-    }
-
-    // Publish h, count this block in; the last one stages h for the down projection.
-    thread_fence();
-    sync_threads();
-    let last = shared::<u32, 1>();
-    if thread_idx() == 0 {
-        last[0] = if atomic_add(counter, 0, 1) == grid_dim() * grid_dim_y() - 1 { 1 } else { 0 };
     }
     sync_threads();
-    if last[0] == 1 {
-        let groups = h_stride / 8;
-        for i in (thread_idx()..(top_k + 1) * groups).step_by(32 * WARPS) {
-            let k = i / groups;
-            let largest = f32::from_bits(load_cg(h_max, k));
-            let inv = if largest > 0.0 { 1.0 / largest } else { 0.0 };
-            let b = i * 8;
-            h_staged[i] = stage_e2m1_x8(
-                f32x4(load_cg(h, b) * inv, load_cg(h, b + 1) * inv, load_cg(h, b + 2) * inv, load_cg(h, b + 3) * inv),
-                f32x4(
-                    load_cg(h, b + 4) * inv,
-                    load_cg(h, b + 5) * inv,
-                    load_cg(h, b + 6) * inv,
-                    load_cg(h, b + 7) * inv,
-                ),
-            );
+    // One thread a 16-row chunk: its largest |h|, then the chunk staged as the down kernel reads it.
+    let chunk = thread_idx();
+    if chunk * 16 < tile_len {
+        let mut v = [0.0; 16];
+        let mut m = 0.0;
+        #[unroll]
+        for j in 0..16 {
+            v[j] = tile_h[chunk * 16 + j];
+            m = max(m, abs(v[j]));
         }
-        if thread_idx() <= top_k {
-            h_scale[thread_idx()] = f32::from_bits(load_cg(h_max, thread_idx()));
-        }
-        if thread_idx() == 0 {
-            counter[0] = 0;
-        }
+        let inv = if m > 0.0 { 1.0 / m } else { 0.0 };
+        let at = (slot * h_stride + tile0) / 8 + chunk * 2;
+        h_staged[at] = stage_e2m1_x8(
+            f32x4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv),
+            f32x4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv),
+        );
+        h_staged[at + 1] = stage_e2m1_x8(
+            f32x4(v[8] * inv, v[9] * inv, v[10] * inv, v[11] * inv),
+            f32x4(v[12] * inv, v[13] * inv, v[14] * inv, v[15] * inv),
+        );
+        h_scale[(slot * h_stride + tile0) / 16 + chunk] = m;
     }
 }
 
@@ -173,6 +188,9 @@ pub fn moe_gate_up_bf16(
     h_stride: u32,
     top_k: u32,
 ) {
+    // Overlaps the router: nothing it writes is read before the wait.
+    grid_dependency_wait();
+    launch_dependents();
     let slot = block_idx_y();
     let routed = slot < top_k;
     let expert = if routed { ids[slot] } else { experts };

@@ -4,31 +4,33 @@ use kernel_macros::kernel;
 
 /// Routes one token and prepares the experts' input.
 ///
-/// Phase 1 spreads the experts + 1 logits over the grid, a warp each: `router·x` for the experts
-/// (bf16 [experts, hidden]) and `shared_gate·x` as the last one. The last block to finish (a
-/// counter in `counter[0]`, zero before the first launch and put back to zero) takes phase 2:
-/// - every warp: x as the NVFP4 kernels read it, f16 pairs divided by max|x| (`x_staged`
-///   [hidden/8], `x_scale` [1]);
-/// - warp 0: the softmax over the experts in f32 (PER_LANE probabilities a lane, in registers),
-///   then top_k rounds of a warp argmax
-///   (probability descending, the lower expert first on ties), the routing weights (renormalised
-///   to sum to 1 when `renormalise`), and σ(shared_gate·x) in `weights[top_k]`;
-/// - `h_max` [top_k + 1] zeroed for the gate/up kernel.
-/// Nothing comes back to the host.
+/// The kernel overlaps its predecessor (programmatic dependent launch): before
+/// `grid_dependency_wait()` each warp only asks L2 for its row of the router (bf16
+/// [experts, hidden]) or of `shared_gate` (the last row), which do not depend on anything before.
+/// After the wait, phase 1 spreads the experts + 1 logits over the grid, a warp each, and every
+/// thread of the grid stages at most one 16-value chunk of x as the NVFP4 kernels read it: f16
+/// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
+/// grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
+/// the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
+/// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax
+/// (probability descending, the lower expert first on ties), the routing weights (renormalised to
+/// sum to 1 when `renormalise`), and σ(shared_gate·x) in `weights[top_k]`. Nothing comes back to
+/// the host.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(experts + 1, WARPS),
     require(
         experts <= 32 * PER_LANE,
         hidden % 256 == 0,
+        hidden / 16 <= div_ceil(experts + 1, WARPS) * WARPS * 32,
         top_k >= 1,
         top_k <= experts,
         top_k < 64,
     ),
 )]
 pub fn moe_router(
-    #[tile(default = 8, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 4, candidates = [2, 4])] UNROLL: u32,
+    #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
+    #[tile(default = 8, candidates = [4, 8])] UNROLL: u32,
     #[tile(default = 16, candidates = [16, 32])] PER_LANE: u32,
     router: &[bf16],
     shared_gate: &[bf16],
@@ -39,23 +41,67 @@ pub fn moe_router(
     weights: &mut [f32],
     x_staged: &mut [u32x4],
     x_scale: &mut [f32],
-    h_max: &mut [u32],
     experts: u32,
     hidden: u32,
     top_k: u32,
     renormalise: bool,
 ) {
     let e = block_idx() * WARPS + warp_id();
-    if e <= experts {
+    if lane_id() == 0 {
+        if e < experts {
+            prefetch_l2(router, e * hidden, hidden * 2);
+        } else if e == experts {
+            prefetch_l2(shared_gate, 0, hidden * 2);
+        }
+    }
+    grid_dependency_wait();
+    launch_dependents();
+
+    // x for the NVFP4 experts, one 16-value chunk a thread of the grid.
+    let chunk = block_idx() * 32 * WARPS + thread_idx();
+    if chunk < hidden / 16 {
+        let lo = load_vec::<u32x4>(x, chunk * 16);
+        let hi = load_vec::<u32x4>(x, chunk * 16 + 8);
+        let (a, b, c, d) = (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
+        let (f, g, h, i) = (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
+        let m0 = max(
+            max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
+            max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
+        );
+        let m1 = max(
+            max(max(abs(f.x), abs(f.y)), max(abs(g.x), abs(g.y))),
+            max(max(abs(h.x), abs(h.y)), max(abs(i.x), abs(i.y))),
+        );
+        let m = max(m0, m1);
+        let inv = if m > 0.0 { 1.0 / m } else { 0.0 };
+        x_staged[chunk * 2] = stage_e2m1_x8(
+            f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
+            f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv),
+        );
+        x_staged[chunk * 2 + 1] = stage_e2m1_x8(
+            f32x4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
+            f32x4(h.x * inv, h.y * inv, i.x * inv, i.y * inv),
+        );
+        x_scale[chunk] = m;
+    }
+
+    // The branch stays outside the loops: a load under a branch inside a loop is not hoisted,
+    // and every step would then wait for the one before.
+    if e < experts {
         let mut acc = 0.0;
         #[unroll(UNROLL)]
         for k in (lane_id() * 8..hidden).step_by(256) {
-            let xv = load_vec::<u32x4>(x, k);
-            if e < experts {
-                acc += dot_bf16x8(load_stream::<u32x4>(router, e * hidden + k), xv);
-            } else {
-                acc += dot_bf16x8(load_vec::<u32x4>(shared_gate, k), xv);
-            }
+            acc += dot_bf16x8(load_stream::<u32x4>(router, e * hidden + k), load_vec::<u32x4>(x, k));
+        }
+        let logit = warp_sum(acc);
+        if lane_id() == 0 {
+            logits[e] = logit;
+        }
+    } else if e == experts {
+        let mut acc = 0.0;
+        #[unroll(UNROLL)]
+        for k in (lane_id() * 8..hidden).step_by(256) {
+            acc += dot_bf16x8(load_vec::<u32x4>(shared_gate, k), load_vec::<u32x4>(x, k));
         }
         let logit = warp_sum(acc);
         if lane_id() == 0 {
@@ -70,50 +116,25 @@ pub fn moe_router(
         last[0] = if atomic_add(counter, 0, 1) == grid_dim() - 1 { 1 } else { 0 };
     }
     sync_threads();
-    if last[0] == 0 {
+    if last[0] == 0 || warp_id() != 0 {
         return;
     }
-
-    // x for the NVFP4 experts: f16 pairs, divided by max|x|.
-    let scratch = shared::<f32, WARPS>();
-    let mut m = 0.0;
-    for i in (thread_idx() * 8..hidden).step_by(256 * WARPS) {
-        let v = load_vec::<u32x4>(x, i);
-        let (a, b, c, d) = (bf16x2_to_f32x2(v.x), bf16x2_to_f32x2(v.y), bf16x2_to_f32x2(v.z), bf16x2_to_f32x2(v.w));
-        m = max(m, max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))));
-        m = max(m, max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))));
-    }
-    let x_max = block_max(m, scratch);
-    let inv = if x_max > 0.0 { 1.0 / x_max } else { 0.0 };
-    for g in (thread_idx()..hidden / 8).step_by(32 * WARPS) {
-        let v = load_vec::<u32x4>(x, g * 8);
-        let (a, b, c, d) = (bf16x2_to_f32x2(v.x), bf16x2_to_f32x2(v.y), bf16x2_to_f32x2(v.z), bf16x2_to_f32x2(v.w));
-        x_staged[g] = stage_e2m1_x8(
-            f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
-            f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv),
-        );
-    }
-    if thread_idx() == 0 {
-        x_scale[0] = x_max;
+    if lane_id() == 0 {
         counter[0] = 0;
-    }
-    if thread_idx() <= top_k {
-        h_max[thread_idx()] = 0;
-    }
-    if warp_id() != 0 {
-        return;
     }
 
     // Warp 0: softmax and top-k, lane l holding the probabilities of experts l, l + 32, ... in
     // registers (the loops over them unroll, so every index is a constant).
+    // Every load unconditional (index clamped to the shared gate's slot), so all are in flight
+    // at once; the lanes past the experts are masked after.
     let mut p = [f32::NEG_INFINITY; PER_LANE];
     #[unroll]
     for j in 0..PER_LANE {
         let i = lane_id() + 32 * j;
-        if i < experts {
-            p[j] = load_cg(logits, i);
-        }
+        let v = load_cg(logits, min(i, experts));
+        p[j] = if i < experts { v } else { f32::NEG_INFINITY };
     }
+    let shared_logit = load_cg(logits, experts);
     let mut top = f32::NEG_INFINITY;
     #[unroll]
     for j in 0..PER_LANE {
@@ -138,6 +159,8 @@ pub fn moe_router(
         }
     }
     let mut chosen_sum = 0.0;
+    let (mut first_id, mut second_id) = (0u32, 0u32);
+    let (mut first_p, mut second_p) = (0.0, 0.0);
     for k in 0..top_k {
         let mut bp = -1.0;
         let mut bi = experts;
@@ -166,21 +189,28 @@ pub fn moe_router(
                 p[j] = -1.0;
             }
         }
-        if lane_id() == 0 {
-            ids[k] = bi;
-            weights[k] = bp;
+        // Lane k (k < 32), or lane k - 32, keeps the k-th choice for the writes below.
+        if lane_id() == k % 32 {
+            if k < 32 {
+                first_id = bi;
+                first_p = bp;
+            } else {
+                second_id = bi;
+                second_p = bp;
+            }
         }
         chosen_sum += bp;
     }
-    sync_warp();
-    if renormalise && lane_id() < top_k {
-        // Lane k rescales weight k (top_k < 64: a second pass for the lanes above 32).
-        weights[lane_id()] = weights[lane_id()] / chosen_sum;
+    // The choices leave from registers, renormalised to sum to 1 when asked (top_k < 64).
+    if lane_id() < top_k {
+        ids[lane_id()] = first_id;
+        weights[lane_id()] = if renormalise { first_p / chosen_sum } else { first_p };
     }
-    if renormalise && lane_id() + 32 < top_k {
-        weights[lane_id() + 32] = weights[lane_id() + 32] / chosen_sum;
+    if lane_id() + 32 < top_k {
+        ids[lane_id() + 32] = second_id;
+        weights[lane_id() + 32] = if renormalise { second_p / chosen_sum } else { second_p };
     }
     if lane_id() == 0 {
-        weights[top_k] = sigmoid(load_cg(logits, experts));
+        weights[top_k] = sigmoid(shared_logit);
     }
 }
