@@ -8,7 +8,8 @@
 //!   plus q, k, v, z, the gates, o and y.
 //! - The whole layer: 8 layers with distinct weights (filled on the device), states and scratch,
 //!   one graph of 24 launches; and each of its three kernels alone (a graph of its 8 launches).
-//! - Every tile candidate of the two GDN kernels at the published shape, the kernel's graph alone.
+//! - Every tile candidate of the two GDN kernels at the published shape, and out_proj's GEMV one
+//!   tile off its default, each kernel's graph alone.
 //!
 //! Each line gives the time per layer (median, p10, p90 of the replays), the bytes, the rate,
 //! its fraction of 4.27 TB/s and of the device-to-device copy bandwidth measured in the same run,
@@ -22,6 +23,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::gdn::{in_proj::gdn_in_proj_bf16, state_update::gdn_state_update};
+use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, Stage,
 };
@@ -123,7 +125,15 @@ struct Line<'a> {
     times: (f64, f64, f64),
 }
 
-fn report(l: &Line<'_>, copy_bw: f64, device: &str, jsonl: &mut Option<std::fs::File>) {
+/// Where lines go, and the device's figures they quote.
+struct Sink {
+    copy_bw: f64,
+    device: String,
+    jsonl: Option<std::fs::File>,
+}
+
+fn report(l: &Line<'_>, out: &mut Sink) {
+    let (copy_bw, device) = (out.copy_bw, out.device.as_str());
     let n = l.layers as f64;
     let (median, p10, p90) = (l.times.0 / n, l.times.1 / n, l.times.2 / n);
     let rate = l.bytes as f64 / median;
@@ -142,7 +152,7 @@ fn report(l: &Line<'_>, copy_bw: f64, device: &str, jsonl: &mut Option<std::fs::
         l.bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
         l.bytes as f64 / GB10_STREAMING_BYTES_PER_S * 1e6,
     );
-    if let Some(f) = jsonl.as_mut() {
+    if let Some(f) = out.jsonl.as_mut() {
         let _ = writeln!(
             f,
             "{{\"bench\":\"{}\",\"label\":\"{}\",\"device\":\"{device}\",\"us_per_layer\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{},\"launches\":{},\"copy_bw\":{copy_bw:.0}}}",
@@ -189,10 +199,10 @@ fn bench_gdn(c: &mut Criterion) {
         }
     };
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    let device = gpu.info().name.clone();
-    println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    println!("device {}: device-to-device copy {:.2} TB/s (read + write)", gpu.info().name, copy_bw / 1e12);
     let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let mut jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-gdn.jsonl")).ok();
+    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-gdn.jsonl")).ok();
+    let mut out = Sink { copy_bw, device: gpu.info().name.clone(), jsonl };
     let mut rng = Rng::fresh("gdn bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
     let kernels = GdnKernels::load(&gpu, GdnTiles::default()).expect("compile");
@@ -235,9 +245,7 @@ fn bench_gdn(c: &mut Criterion) {
             bytes: update_bytes,
             times: replay_times(&gpu, &g, 50),
         },
-        copy_bw,
-        &device,
-        &mut jsonl,
+        &mut out,
     );
     group.throughput(Throughput::Bytes((update_bytes * STATE_LAYERS) as u64));
     group.bench_function(format!("state-update/{STATE_LAYERS}-layers"), |b| {
@@ -251,7 +259,11 @@ fn bench_gdn(c: &mut Criterion) {
         })
     });
     drop(g);
-    sweep_state_update(&gpu, &state_launches, update_bytes, copy_bw, &device, &mut jsonl);
+    let base = GdnTiles::default();
+    let variants = gdn_state_update::Tiles::candidates()
+        .into_iter()
+        .map(|t| (format!("{t:?}"), GdnTiles { state_update: t, ..base }));
+    sweep(&gpu, &state_launches, Stage::StateUpdate, variants.collect(), update_bytes, &mut out);
 
     // The whole layer, 8 layers.
     let layers: Vec<GdnWeightsOnDevice> =
@@ -285,9 +297,7 @@ fn bench_gdn(c: &mut Criterion) {
             bytes: layer_bytes,
             times: replay_times(&gpu, &whole, 50),
         },
-        copy_bw,
-        &device,
-        &mut jsonl,
+        &mut out,
     );
     let nvfp4_bytes = layer_bytes - SHAPE.weight_bytes_bf16() + SHAPE.weight_bytes_nvfp4();
     println!(
@@ -309,14 +319,12 @@ fn bench_gdn(c: &mut Criterion) {
     });
     drop(whole);
     let d = SHAPE.hidden;
+    let in_proj_bytes = 2 * (SHAPE.in_rows() * d + CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim();
+    let out_proj_bytes = 2 * (d * SHAPE.z_dim() + SHAPE.z_dim() + d);
     let stages = [
-        (
-            Stage::InProj,
-            "in_proj",
-            2 * (SHAPE.in_rows() * d + CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim(),
-        ),
+        (Stage::InProj, "in_proj", in_proj_bytes),
         (Stage::StateUpdate, "state_update", update_bytes),
-        (Stage::OutProj, "out_proj", 2 * (d * SHAPE.z_dim() + SHAPE.z_dim() + d)),
+        (Stage::OutProj, "out_proj", out_proj_bytes),
     ];
     for (stage, label, bytes) in stages {
         let g = capture(&gpu, &launches, &kernels, &[stage]);
@@ -329,70 +337,48 @@ fn bench_gdn(c: &mut Criterion) {
                 bytes,
                 times: replay_times(&gpu, &g, 50),
             },
-            copy_bw,
-            &device,
-            &mut jsonl,
+            &mut out,
         );
     }
-    sweep_in_proj(&gpu, &launches, copy_bw, &device, &mut jsonl);
+    let variants =
+        gdn_in_proj_bf16::Tiles::candidates().into_iter().map(|t| (format!("{t:?}"), GdnTiles { in_proj: t, ..base }));
+    sweep(&gpu, &launches, Stage::InProj, variants.collect(), in_proj_bytes, &mut out);
+    // out_proj: the GEMV's candidates one tile off its default (its whole space is gemv's bench).
+    let d = gemv_bf16::Tiles::DEFAULT.values();
+    let variants = gemv_bf16::Tiles::candidates()
+        .into_iter()
+        .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() <= 1)
+        .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, ..base }));
+    sweep(&gpu, &launches, Stage::OutProj, variants.collect(), out_proj_bytes, &mut out);
     group.finish();
 }
 
-/// Every state-update tile candidate that fits the published shape, timed on the 36-layer graph.
-fn sweep_state_update(
+/// Each tile set of `variants` (one kernel's candidates, the others at their defaults) that fits
+/// the published shape, timed as a graph of that kernel's launches.
+fn sweep(
     gpu: &Gpu,
     launches: &[GdnLaunches],
+    stage: Stage,
+    variants: Vec<(String, GdnTiles)>,
     bytes: usize,
-    copy_bw: f64,
-    device: &str,
-    jsonl: &mut Option<std::fs::File>,
+    out: &mut Sink,
 ) {
-    for t in gdn_state_update::Tiles::candidates() {
-        let tiles = GdnTiles { state_update: t, ..GdnTiles::default() };
+    for (label, tiles) in variants {
         if tiles.check(SHAPE).is_err() {
             continue;
         }
         let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };
-        let g = capture(gpu, launches, &k, &[Stage::StateUpdate]);
+        let g = capture(gpu, launches, &k, &[stage]);
         report(
             &Line {
-                bench: "gdn-state-update-sweep",
-                label: format!("  sweep state update {t:?}"),
+                bench: "gdn-sweep",
+                label: format!("  sweep {stage:?} {label}"),
                 layers: launches.len(),
                 launches_per_layer: 1,
                 bytes,
                 times: replay_times(gpu, &g, 20),
             },
-            copy_bw,
-            device,
-            jsonl,
-        );
-    }
-}
-
-/// Every in_proj tile candidate, timed on the 8-layer graph of in_proj launches.
-fn sweep_in_proj(gpu: &Gpu, launches: &[GdnLaunches], copy_bw: f64, device: &str, jsonl: &mut Option<std::fs::File>) {
-    let d = SHAPE.hidden;
-    let bytes = 2 * (SHAPE.in_rows() * d + CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim();
-    for t in gdn_in_proj_bf16::Tiles::candidates() {
-        let tiles = GdnTiles { in_proj: t, ..GdnTiles::default() };
-        if tiles.check(SHAPE).is_err() {
-            continue;
-        }
-        let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };
-        let g = capture(gpu, launches, &k, &[Stage::InProj]);
-        report(
-            &Line {
-                bench: "gdn-in-proj-sweep",
-                label: format!("  sweep in_proj {t:?}"),
-                layers: launches.len(),
-                launches_per_layer: 1,
-                bytes,
-                times: replay_times(gpu, &g, 20),
-            },
-            copy_bw,
-            device,
-            jsonl,
+            out,
         );
     }
 }

@@ -158,9 +158,13 @@ fn tile_variants(shape: GdnShape) -> Vec<GdnTiles> {
             .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1)
             .map(|t| GdnTiles { out_proj: t, ..base }),
     );
-    v.retain(|t| t.check(shape).is_ok());
-    v.dedup();
-    v
+    let mut unique: Vec<GdnTiles> = Vec::new();
+    for t in v {
+        if t.check(shape).is_ok() && !unique.contains(&t) {
+            unique.push(t);
+        }
+    }
+    unique
 }
 
 fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, tiles: &[GdnTiles]) {
