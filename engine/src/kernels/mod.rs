@@ -18,5 +18,6 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &moe::down::moe_down_bf16::ERASED,
     &zc_rmsnorm::zc_rmsnorm::ERASED,
     &gdn::in_proj::gdn_in_proj_bf16::ERASED,
+    &gdn::in_proj::gdn_in_proj_nvfp4::ERASED,
     &gdn::state_update::gdn_state_update::ERASED,
 ];
