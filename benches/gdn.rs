@@ -8,6 +8,7 @@
 //!   plus q, k, v, z, the gates, o and y.
 //! - The whole layer: 8 layers with distinct weights (filled on the device), states and scratch,
 //!   one graph of 24 launches; and each of its three kernels alone (a graph of its 8 launches).
+//!   Once with a bf16 input projection, once with an NVFP4 one (out_proj is bf16 in both).
 //! - Every tile candidate of the two GDN kernels at the published shape, and out_proj's GEMV one
 //!   tile off its default, each kernel's graph alone.
 //!
@@ -22,14 +23,16 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
-use engine::kernels::gdn::{in_proj::gdn_in_proj_bf16, state_update::gdn_state_update};
+use engine::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
+use engine::kernels::gdn::state_update::gdn_state_update;
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::layers::gdn::{
-    CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, Stage,
+    CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice,
+    InProjOnDevice, Stage,
 };
 use flashnext::rng::Rng;
 use half::bf16;
-use kernel_dsl::{DevPtrMut, TileSet};
+use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
 use kernel_macros::kernel;
 
 const SHAPE: GdnShape = GdnShape {
@@ -59,18 +62,23 @@ fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
     }
 }
 
-/// Random bf16 pairs with exponents near 2^-6, random signs and mantissas (0x3c80..0x3cff).
-fn fill_bf16(gpu: &Gpu, k: &engine::cuda::LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuffer<bf16>, seed: u32) {
+fn fill<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    k: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    buf: &mut DeviceBuffer<T>,
+    seed: u32,
+    and_mask: u32,
+    or_mask: u32,
+) {
     let words = (buf.size_bytes() / 4) as u32;
-    let args = fill_bits::Args {
-        out: DevPtrMut::from_addr(buf.ptr_mut().addr()),
-        n: words,
-        seed,
-        and_mask: 0x807f_807f,
-        or_mask: 0x3c80_3c80,
-    };
+    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
     // SAFETY: the buffer holds at least `words` 4-byte words.
     unsafe { k.launch(gpu, &args) }.expect("fill");
+}
+
+/// Random bf16 pairs with exponents near 2^-6, random signs and mantissas (0x3c80..0x3cff).
+fn fill_bf16(gpu: &Gpu, k: &engine::cuda::LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuffer<bf16>, seed: u32) {
+    fill(gpu, k, buf, seed, 0x807f_807f, 0x3c80_3c80);
 }
 
 fn layer_weights(
@@ -78,19 +86,32 @@ fn layer_weights(
     fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
     rng: &mut Rng,
     seed: u32,
+    nvfp4: bool,
 ) -> GdnWeightsOnDevice {
     let sh = SHAPE;
     let hv = sh.value_heads;
+    let values = sh.in_rows() * sh.hidden;
+    let in_proj = if nvfp4 {
+        let mut packed = gpu.alloc::<E2m1x2>(values / 2).expect("alloc");
+        let mut scales = gpu.alloc::<E4m3>(values / 16).expect("alloc");
+        fill(gpu, fk, &mut packed, seed + 3, u32::MAX, 0);
+        // e4m3 bytes 0b0_0101_xxx to 0b0_1000_xxx: 2^-2 to 2^1.875.
+        fill(gpu, fk, &mut scales, seed + 4, 0x1f1f_1f1f, 0x2828_2828);
+        InProjOnDevice::Nvfp4 { packed, scales, scale2: gpu.upload(&[0.01f32; 4]).expect("alloc") }
+    } else {
+        let mut b = gpu.alloc(values).expect("alloc");
+        fill_bf16(gpu, fk, &mut b, seed);
+        InProjOnDevice::Bf16(b)
+    };
     let mut w = GdnWeightsOnDevice {
         shape: sh,
-        in_proj: gpu.alloc(sh.in_rows() * sh.hidden).expect("alloc"),
+        in_proj,
         conv: gpu.alloc(CONV_KERNEL * sh.conv_dim()).expect("alloc"),
         a_log: gpu.upload(&(0..hv).map(|_| (0.5 + 3.5 * rng.uniform()).ln()).collect::<Vec<f32>>()).expect("A_log"),
         dt_bias: gpu.upload(&(0..hv).map(|_| -2.5 + 0.5 * rng.normal()).collect::<Vec<f32>>()).expect("dt_bias"),
         norm: gpu.upload(&rng.bf16_normal(sh.value_dim, 1.0)).expect("norm"),
         out_proj: gpu.alloc(sh.hidden * sh.z_dim()).expect("alloc"),
     };
-    fill_bf16(gpu, fk, &mut w.in_proj, seed);
     fill_bf16(gpu, fk, &mut w.conv, seed + 1);
     fill_bf16(gpu, fk, &mut w.out_proj, seed + 2);
     w
@@ -211,7 +232,7 @@ fn bench_gdn(c: &mut Criterion) {
 
     // The state update alone, 36 layers. Its launches only need the state update's buffers; the
     // weights are the (unread) in_proj and out_proj of one small stand-in layer.
-    let stand_in = layer_weights(&gpu, &fk, &mut rng, 7);
+    let stand_in = layer_weights(&gpu, &fk, &mut rng, 7, false);
     let mut states: Vec<GdnStateOnDevice> =
         (0..STATE_LAYERS).map(|_| GdnStateOnDevice::new(&gpu, SHAPE).expect("state")).collect();
     let mut scratch: Vec<GdnScratch> =
@@ -263,14 +284,35 @@ fn bench_gdn(c: &mut Criterion) {
     let variants = gdn_state_update::Tiles::candidates()
         .into_iter()
         .map(|t| (format!("{t:?}"), GdnTiles { state_update: t, ..base }));
-    sweep(&gpu, &state_launches, Stage::StateUpdate, variants.collect(), update_bytes, &mut out);
+    sweep(&gpu, &state_launches, Stage::StateUpdate, false, variants.collect(), update_bytes, &mut out);
+    drop(state_launches);
+    drop(scratch);
+    drop(states);
+    for (format, nvfp4) in [("bf16", false), ("nvfp4", true)] {
+        whole_layer(&gpu, &kernels, &fk, &mut rng, &mut group, format, nvfp4, &mut out);
+    }
+    group.finish();
+}
 
-    // The whole layer, 8 layers.
+/// The whole layer, 8 layers with distinct weights, the input projection in `format`.
+#[allow(clippy::too_many_arguments)]
+fn whole_layer(
+    gpu: &Gpu,
+    kernels: &GdnKernels,
+    fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    rng: &mut Rng,
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    format: &str,
+    nvfp4: bool,
+    out: &mut Sink,
+) {
+    let base = GdnTiles::default();
+
     let layers: Vec<GdnWeightsOnDevice> =
-        (0..LAYERS).map(|l| layer_weights(&gpu, &fk, &mut rng, 1000 * l as u32 + 11)).collect();
+        (0..LAYERS).map(|l| layer_weights(gpu, fk, rng, 1000 * l as u32 + 11, nvfp4)).collect();
     let mut lstates: Vec<GdnStateOnDevice> =
-        (0..LAYERS).map(|_| GdnStateOnDevice::new(&gpu, SHAPE).expect("state")).collect();
-    let mut lscratch: Vec<GdnScratch> = (0..LAYERS).map(|_| GdnScratch::new(&gpu, SHAPE).expect("scratch")).collect();
+        (0..LAYERS).map(|_| GdnStateOnDevice::new(gpu, SHAPE).expect("state")).collect();
+    let mut lscratch: Vec<GdnScratch> = (0..LAYERS).map(|_| GdnScratch::new(gpu, SHAPE).expect("scratch")).collect();
     let xs: Vec<DeviceBuffer<bf16>> =
         (0..LAYERS).map(|_| gpu.upload(&rng.bf16_normal(SHAPE.hidden, 1.0)).expect("x")).collect();
     let mut ys: Vec<DeviceBuffer<bf16>> = (0..LAYERS).map(|_| gpu.alloc(SHAPE.hidden).expect("y")).collect();
@@ -279,78 +321,91 @@ fn bench_gdn(c: &mut Criterion) {
         .collect();
     for l in &launches {
         // SAFETY: the buffers behind the launches live to the end of this function.
-        unsafe { l.enqueue(&gpu, &kernels) }.expect("pass");
+        unsafe { l.enqueue(gpu, kernels) }.expect("pass");
     }
     gpu.synchronize().expect("sync");
     let all = [Stage::InProj, Stage::StateUpdate, Stage::OutProj];
-    let whole = capture(&gpu, &launches, &kernels, &all);
+    let whole = capture(gpu, &launches, kernels, &all);
     if std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some() {
         return;
     }
-    let layer_bytes = SHAPE.layer_bytes();
+    let layer_bytes = SHAPE.layer_bytes(nvfp4);
     report(
         &Line {
             bench: "gdn-layer",
-            label: format!("gdn layer bf16 ({LAYERS} layers)"),
+            label: format!("gdn layer, {format} in_proj, bf16 out_proj ({LAYERS} layers)"),
             layers: LAYERS,
             launches_per_layer: 3,
             bytes: layer_bytes,
-            times: replay_times(&gpu, &whole, 50),
+            times: replay_times(gpu, &whole, 50),
         },
-        &mut out,
+        out,
     );
-    let nvfp4_bytes = layer_bytes - SHAPE.weight_bytes_bf16() + SHAPE.weight_bytes_nvfp4();
-    println!(
-        "  with NVFP4 projections (not implemented here) the layer would move {:.1} MB: H200 floor {:.2} us, GB10 floor {:.1} us (projection)",
-        nvfp4_bytes as f64 / 1e6,
-        nvfp4_bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
-        nvfp4_bytes as f64 / GB10_STREAMING_BYTES_PER_S * 1e6
-    );
+    if nvfp4 {
+        let all_nvfp4 = SHAPE.layer_bytes_all_nvfp4();
+        println!(
+            "  with out_proj in NVFP4 too (not written yet) the layer would move {:.1} MB: H200 floor {:.2} us, GB10 floor {:.1} us (projection)",
+            all_nvfp4 as f64 / 1e6,
+            all_nvfp4 as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
+            all_nvfp4 as f64 / GB10_STREAMING_BYTES_PER_S * 1e6
+        );
+    }
     group.throughput(Throughput::Bytes((layer_bytes * LAYERS) as u64));
-    group.bench_function(format!("layer-bf16/{LAYERS}-layers"), |b| {
-        let t = EventTimer::new(&gpu).expect("events");
+    group.bench_function(format!("layer-{format}/{LAYERS}-layers"), |b| {
+        let t = EventTimer::new(gpu).expect("events");
         b.iter_custom(|iters| {
-            t.start(&gpu).expect("start");
+            t.start(gpu).expect("start");
             for _ in 0..iters {
                 whole.launch().expect("replay");
             }
-            t.stop(&gpu).expect("stop")
+            t.stop(gpu).expect("stop")
         })
     });
     drop(whole);
     let d = SHAPE.hidden;
-    let in_proj_bytes = 2 * (SHAPE.in_rows() * d + CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim();
+    let in_proj_bytes =
+        SHAPE.in_proj_weight_bytes(nvfp4) + 2 * (CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim();
     let out_proj_bytes = 2 * (d * SHAPE.z_dim() + SHAPE.z_dim() + d);
     let stages = [
         (Stage::InProj, "in_proj", in_proj_bytes),
-        (Stage::StateUpdate, "state_update", update_bytes),
+        (Stage::StateUpdate, "state_update", SHAPE.state_update_bytes()),
         (Stage::OutProj, "out_proj", out_proj_bytes),
     ];
     for (stage, label, bytes) in stages {
-        let g = capture(&gpu, &launches, &kernels, &[stage]);
+        let g = capture(gpu, &launches, kernels, &[stage]);
         report(
             &Line {
                 bench: "gdn-stage",
-                label: format!("  gdn {label}"),
+                label: format!("  gdn {format} {label}"),
                 layers: LAYERS,
                 launches_per_layer: 1,
                 bytes,
-                times: replay_times(&gpu, &g, 50),
+                times: replay_times(gpu, &g, 50),
             },
-            &mut out,
+            out,
         );
     }
-    let variants =
-        gdn_in_proj_bf16::Tiles::candidates().into_iter().map(|t| (format!("{t:?}"), GdnTiles { in_proj: t, ..base }));
-    sweep(&gpu, &launches, Stage::InProj, variants.collect(), in_proj_bytes, &mut out);
-    // out_proj: the GEMV's candidates one tile off its default (its whole space is gemv's bench).
-    let d = gemv_bf16::Tiles::DEFAULT.values();
-    let variants = gemv_bf16::Tiles::candidates()
-        .into_iter()
-        .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() <= 1)
-        .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, ..base }));
-    sweep(&gpu, &launches, Stage::OutProj, variants.collect(), out_proj_bytes, &mut out);
-    group.finish();
+    let variants: Vec<(String, GdnTiles)> = if nvfp4 {
+        gdn_in_proj_nvfp4::Tiles::candidates()
+            .into_iter()
+            .map(|t| (format!("{t:?}"), GdnTiles { in_proj_nvfp4: t, ..base }))
+            .collect()
+    } else {
+        gdn_in_proj_bf16::Tiles::candidates()
+            .into_iter()
+            .map(|t| (format!("{t:?}"), GdnTiles { in_proj: t, ..base }))
+            .collect()
+    };
+    sweep(gpu, &launches, Stage::InProj, nvfp4, variants, in_proj_bytes, out);
+    if !nvfp4 {
+        // out_proj: the GEMV's candidates one tile off its default (its whole space is gemv's bench).
+        let d = gemv_bf16::Tiles::DEFAULT.values();
+        let variants = gemv_bf16::Tiles::candidates()
+            .into_iter()
+            .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() <= 1)
+            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, ..base }));
+        sweep(gpu, &launches, Stage::OutProj, false, variants.collect(), out_proj_bytes, out);
+    }
 }
 
 /// Each tile set of `variants` (one kernel's candidates, the others at their defaults) that fits
@@ -359,12 +414,13 @@ fn sweep(
     gpu: &Gpu,
     launches: &[GdnLaunches],
     stage: Stage,
+    nvfp4: bool,
     variants: Vec<(String, GdnTiles)>,
     bytes: usize,
     out: &mut Sink,
 ) {
     for (label, tiles) in variants {
-        if tiles.check(SHAPE).is_err() {
+        if tiles.check(SHAPE, nvfp4).is_err() {
             continue;
         }
         let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };

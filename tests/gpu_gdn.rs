@@ -2,8 +2,9 @@
 //! gated norm, out_proj: three launches) against the CPU reference `reference::gdn`, over 64
 //! consecutive tokens with the conv history and the fp32 state carried on the device: every
 //! token's bf16 output within 1e-2 relative L2, the state and the conv history within 1e-4 after
-//! the last token, every element finite (outputs and scratch poisoned before each token). A tiny
-//! shape with dk ≠ dv and three value heads per key head runs every tile candidate of the two GDN
+//! the last token, every element finite (outputs and scratch poisoned before each token). The
+//! input projection in bf16 and in NVFP4 (the reference reads the dequantised values). A tiny
+//! shape with dk ≠ dv and three value heads per key head runs every tile candidate of the GDN
 //! kernels; the published shape runs the defaults. A second run of the same tokens gives the
 //! same bits. Fresh random inputs each run.
 
@@ -12,6 +13,7 @@ use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, enqueue,
 };
 use engine::model::config::ModelConfig;
+use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{GdnWeights, Linear};
 use engine::reference;
 use engine::reference::gdn::GdnState;
@@ -25,6 +27,8 @@ const POISON: u8 = 0xff;
 /// Three value heads per key head, dk ≠ dv: a wrong head mapping or a transposed state shows.
 const TINY: GdnShape =
     GdnShape { hidden: 256, key_heads: 2, value_heads: 6, key_dim: 64, value_dim: 128, eps: 1e-6, sigmoid_gate: true };
+/// The NVFP4 kernel takes 512 columns a step.
+const TINY_NVFP4: GdnShape = GdnShape { hidden: 512, ..TINY };
 const PUBLISHED: GdnShape = GdnShape {
     hidden: 2560,
     key_heads: 16,
@@ -74,6 +78,20 @@ fn weights(rng: &mut Rng, sh: GdnShape) -> GdnWeights {
         norm: bf16_values(rng, sh.value_dim, 0.2, 1.0),
         out: linear(rng, d, sh.z_dim()),
     }
+}
+
+/// A random NVFP4 matrix: codes anything, block scales between 2^-2 and 2^2, a global scale that
+/// gives values of about 1/√cols.
+fn random_nvfp4(rng: &mut Rng, rows: usize, cols: usize) -> Nvfp4Matrix {
+    let mut packed = vec![0u8; rows * cols / 2];
+    for chunk in packed.chunks_mut(8) {
+        let r = rng.next_u64().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    let scales =
+        (0..rows * cols / 16).map(|_| (((rng.next_u64() % 4 + 5) << 3) | (rng.next_u64() % 8)) as u8).collect();
+    let scale_2 = (0.5 + rng.uniform()) / (3.0 * (cols as f32).sqrt());
+    Nvfp4Matrix { rows, cols, packed, scales, scale_2 }
 }
 
 fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
@@ -143,13 +161,17 @@ fn check(label: &str, want: &Expected, got: &Got) {
     );
 }
 
-/// The defaults; every candidate of the two GDN kernels (the others at their defaults); and for
-/// out_proj (the GEMV that gpu_kernels covers in full) each candidate one tile off its default:
-/// those that fit `shape`.
-fn tile_variants(shape: GdnShape) -> Vec<GdnTiles> {
+/// The defaults; every candidate of the input projection of this format and of the state update
+/// (the others at their defaults); and for out_proj (the GEMV that gpu_kernels covers in full)
+/// each candidate one tile off its default: those that fit `shape`.
+fn tile_variants(shape: GdnShape, nvfp4: bool) -> Vec<GdnTiles> {
     let base = GdnTiles::default();
     let mut v = vec![base];
-    v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
+    if nvfp4 {
+        v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
+    } else {
+        v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
+    }
     v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { state_update: t, ..base }));
     let d = <engine::kernels::gemv_bf16::gemv_bf16::Tiles as TileSet>::DEFAULT.values();
     v.extend(
@@ -160,22 +182,35 @@ fn tile_variants(shape: GdnShape) -> Vec<GdnTiles> {
     );
     let mut unique: Vec<GdnTiles> = Vec::new();
     for t in v {
-        if t.check(shape).is_ok() && !unique.contains(&t) {
+        if t.check(shape, nvfp4).is_ok() && !unique.contains(&t) {
             unique.push(t);
         }
     }
     unique
 }
 
-fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, tiles: &[GdnTiles]) {
+fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, tiles: &[GdnTiles]) {
     let cfg = config(shape);
-    let w = weights(rng, shape);
+    let mut w = weights(rng, shape);
+    let dw = if nvfp4 {
+        let (d, hv) = (shape.hidden, shape.value_heads);
+        let m = [
+            random_nvfp4(rng, shape.conv_dim(), d),
+            random_nvfp4(rng, shape.z_dim(), d),
+            random_nvfp4(rng, hv, d),
+            random_nvfp4(rng, hv, d),
+        ];
+        let lin = |m: &Nvfp4Matrix| Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None };
+        (w.in_qkv, w.in_z, w.in_b, w.in_a) = (lin(&m[0]), lin(&m[1]), lin(&m[2]), lin(&m[3]));
+        GdnWeightsOnDevice::upload_nvfp4(gpu, shape, [&m[0], &m[1], &m[2], &m[3]], &w).expect("upload")
+    } else {
+        GdnWeightsOnDevice::upload_bf16(gpu, shape, &w).expect("upload")
+    };
     let xs: Vec<Vec<bf16>> = (0..TOKENS).map(|_| rng.bf16_normal(shape.hidden, 1.0)).collect();
     let want = expected(&cfg, &w, &xs);
-    let dw = GdnWeightsOnDevice::upload_bf16(gpu, shape, &w).expect("upload");
     for (i, t) in tiles.iter().enumerate() {
         let k = GdnKernels::load(gpu, *t).expect("compile");
-        let label = format!("{shape:?} {t:?}");
+        let label = format!("{} {shape:?} {t:?}", if nvfp4 { "nvfp4" } else { "bf16" });
         let got = run(gpu, &k, &dw, &xs);
         check(&label, &want, &got);
         if i == 0 {
@@ -194,11 +229,21 @@ fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, tiles: &[GdnTiles]) {
 fn gdn_tiny_every_tile_candidate_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("gdn tiny");
-    let tiles = tile_variants(TINY);
-    println!("tiny shape: {} tile sets", tiles.len());
-    case(&gpu, &mut rng, TINY, &tiles);
+    let tiles = tile_variants(TINY, false);
+    println!("tiny shape, bf16: {} tile sets", tiles.len());
+    case(&gpu, &mut rng, TINY, false, &tiles);
     // The SiLU output gate (a config without output_gate_type).
-    case(&gpu, &mut rng, GdnShape { sigmoid_gate: false, ..TINY }, &[GdnTiles::default()]);
+    case(&gpu, &mut rng, GdnShape { sigmoid_gate: false, ..TINY }, false, &[GdnTiles::default()]);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_nvfp4_tiny_every_tile_candidate_matches_the_reference() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("gdn nvfp4 tiny");
+    let tiles = tile_variants(TINY_NVFP4, true);
+    println!("tiny shape, nvfp4: {} tile sets", tiles.len());
+    case(&gpu, &mut rng, TINY_NVFP4, true, &tiles);
 }
 
 #[test]
@@ -206,7 +251,8 @@ fn gdn_tiny_every_tile_candidate_matches_the_reference() {
 fn gdn_published_shape_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("gdn published");
-    case(&gpu, &mut rng, PUBLISHED, &[GdnTiles::default()]);
+    case(&gpu, &mut rng, PUBLISHED, false, &[GdnTiles::default()]);
+    case(&gpu, &mut rng, PUBLISHED, true, &[GdnTiles::default()]);
 }
 
 /// No GPU: the test's config and inputs are what the GPU tests assume (a valid shape, finite

@@ -1,11 +1,13 @@
 //! One Gated DeltaNet layer on the device: its weights as the kernels read them, its carried state
 //! (the conv history and the fp32 delta-rule state), its scratch, and its three launches:
 //!
-//! 1. [`gdn_in_proj_bf16`]: [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]·x in one grouped GEMV,
-//!    with the causal conv, SiLU and the gates β and α in the epilogue;
+//! 1. [`gdn_in_proj_bf16`] or [`gdn_in_proj_nvfp4`]: [in_proj_qkv; in_proj_z; in_proj_b;
+//!    in_proj_a]·x in one grouped GEMV, bf16 or NVFP4 weights, with the causal conv, SiLU and the
+//!    gates β and α in the epilogue;
 //! 2. [`gdn_state_update`]: the l2 norms of q and k, the delta rule on the state (read once,
 //!    written once), o = Sᵀq̂, and the gated RMSNorm of o in the last block of each head;
-//! 3. out_proj: the plain bf16 GEMV ([`gemv_bf16`]) of the gated-normed heads.
+//! 3. out_proj: the plain bf16 GEMV ([`gemv_bf16`]) of the gated-normed heads (bf16 in both
+//!    formats: an NVFP4 GEMV for it is not written yet).
 //!
 //! The gated norm sits in the state update rather than in out_proj's prologue: it is per head, the
 //! state update's blocks are per head, and the head's o is still in L2 there, so it costs a few
@@ -13,14 +15,15 @@
 //! heads it reads (6144 values of o and z each, in each of hundreds of blocks).
 
 use half::bf16;
-use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
+use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
-use crate::kernels::gdn::in_proj::gdn_in_proj_bf16;
+use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
 use crate::kernels::gdn::state_update::gdn_state_update;
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::model::config::ModelConfig;
+use crate::model::nvfp4::Nvfp4Matrix;
 use crate::model::weights::GdnWeights;
 
 /// The conv kernel size the in_proj kernel implements (the published one).
@@ -88,30 +91,33 @@ impl GdnShape {
         8 * self.state_len() + 4 * qkvz + 2 * self.value_dim + 8 * self.z_dim() + 2 * self.z_dim()
     }
 
-    /// Bytes one token's pass over the layer must move at least: the bf16 weights, x, the conv
-    /// history read and written, the state update's traffic, y.
-    pub fn layer_bytes(&self) -> usize {
+    /// Bytes of the stacked input projection's weights: bf16, or NVFP4 (0.5625 B a value: codes
+    /// and e4m3 block scales, plus four global scales).
+    pub fn in_proj_weight_bytes(&self, nvfp4: bool) -> usize {
+        let v = self.in_rows() * self.hidden;
+        if nvfp4 { v / 2 + v / 16 + 4 * 4 } else { 2 * v }
+    }
+
+    /// Bytes of the layer's weights: the input projection in its format, out_proj, the conv and
+    /// the norm in bf16, A_log and dt_bias in f32.
+    pub fn weight_bytes(&self, nvfp4_in_proj: bool) -> usize {
+        self.in_proj_weight_bytes(nvfp4_in_proj)
+            + 2 * (self.hidden * self.z_dim() + CONV_KERNEL * self.conv_dim() + self.value_dim)
+            + 4 * 2 * self.value_heads
+    }
+
+    /// Bytes one token's pass over the layer must move at least: the weights, x, the conv history
+    /// read and written, the state update's traffic, y.
+    pub fn layer_bytes(&self, nvfp4_in_proj: bool) -> usize {
         let d = self.hidden;
         let conv_hist = 2 * 4 * (CONV_KERNEL - 1) * self.conv_dim();
-        self.weight_bytes_bf16() + 2 * d + conv_hist + self.state_update_bytes() + 2 * d
+        self.weight_bytes(nvfp4_in_proj) + 2 * d + conv_hist + self.state_update_bytes() + 2 * d
     }
 
-    /// Parameters of the two projections (in_proj stacked, out_proj).
-    pub fn projection_params(&self) -> usize {
-        (self.in_rows() + self.z_dim()) * self.hidden
-    }
-
-    /// Bytes of the weights in bf16 (A_log and dt_bias in f32).
-    pub fn weight_bytes_bf16(&self) -> usize {
-        2 * (self.projection_params() + CONV_KERNEL * self.conv_dim() + self.value_dim) + 4 * 2 * self.value_heads
-    }
-
-    /// Bytes of the weights with NVFP4 projections (0.5625 B a value: codes and e4m3 block
-    /// scales, plus a global scale per matrix), the rest as in bf16. A projection for the format
-    /// these kernels do not read yet.
-    pub fn weight_bytes_nvfp4(&self) -> usize {
-        let p = self.projection_params();
-        p / 2 + p / 16 + 4 * 5 + self.weight_bytes_bf16() - 2 * p
+    /// [`GdnShape::layer_bytes`] if out_proj were NVFP4 too: a projection for a GEMV not written.
+    pub fn layer_bytes_all_nvfp4(&self) -> usize {
+        let v = self.hidden * self.z_dim();
+        self.layer_bytes(true) - 2 * v + v / 2 + v / 16 + 4
     }
 }
 
@@ -120,12 +126,22 @@ pub fn stack_in_proj(w: &GdnWeights) -> Vec<bf16> {
     [&w.in_qkv, &w.in_z, &w.in_b, &w.in_a].iter().flat_map(|l| l.w.iter().map(|&v| bf16::from_f32(v))).collect()
 }
 
-/// A GDN layer's weights on the device, bf16 (A_log and dt_bias in f32).
+/// The stacked input projection on the device.
+#[derive(Debug)]
+pub enum InProjOnDevice {
+    /// [in_rows, hidden].
+    Bf16(DeviceBuffer<bf16>),
+    /// ModelOpt layout, the four matrices' rows stacked: codes [in_rows, hidden/2], e4m3 block
+    /// scales [in_rows, hidden/16], global scales [4] (qkv, z, b, a).
+    Nvfp4 { packed: DeviceBuffer<E2m1x2>, scales: DeviceBuffer<E4m3>, scale2: DeviceBuffer<f32> },
+}
+
+/// A GDN layer's weights on the device: the input projection bf16 or NVFP4, the rest bf16
+/// (A_log and dt_bias in f32).
 #[derive(Debug)]
 pub struct GdnWeightsOnDevice {
     pub shape: GdnShape,
-    /// [in_rows, hidden].
-    pub in_proj: DeviceBuffer<bf16>,
+    pub in_proj: InProjOnDevice,
     /// [conv_dim, 4].
     pub conv: DeviceBuffer<bf16>,
     /// [value_heads].
@@ -140,6 +156,42 @@ pub struct GdnWeightsOnDevice {
 impl GdnWeightsOnDevice {
     /// Uploads `w`, its matrices, conv and norm rounded to bf16 (exact for a bf16 checkpoint).
     pub fn upload_bf16(gpu: &Gpu, shape: GdnShape, w: &GdnWeights) -> Result<Self> {
+        Self::check_lengths(shape, w)?;
+        let in_proj = InProjOnDevice::Bf16(gpu.upload(&stack_in_proj(w))?);
+        Self::upload_with(gpu, shape, in_proj, w)
+    }
+
+    /// Uploads the input projection from its four NVFP4 matrices (qkv, z, b, a) and the rest of
+    /// `w` (whose input projections are not read) in bf16.
+    pub fn upload_nvfp4(gpu: &Gpu, shape: GdnShape, in_proj: [&Nvfp4Matrix; 4], w: &GdnWeights) -> Result<Self> {
+        let d = shape.hidden;
+        let rows = [shape.conv_dim(), shape.z_dim(), shape.value_heads, shape.value_heads];
+        let names = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"];
+        for ((m, r), name) in in_proj.iter().zip(rows).zip(names) {
+            let ok = m.rows == r && m.cols == d && m.packed.len() * 2 == r * d && m.scales.len() * 16 == r * d;
+            if !ok {
+                return Err(Error::Buffer(format!(
+                    "GDN {name} in NVFP4: [{}, {}] with {} codes and {} scales for a shape that needs [{r}, {d}]",
+                    m.rows,
+                    m.cols,
+                    m.packed.len() * 2,
+                    m.scales.len() * 16
+                )));
+            }
+        }
+        Self::check_lengths(shape, w)?;
+        let packed: Vec<E2m1x2> = in_proj.iter().flat_map(|m| m.packed.iter().map(|&b| E2m1x2(b))).collect();
+        let scales: Vec<E4m3> = in_proj.iter().flat_map(|m| m.scales.iter().map(|&b| E4m3(b))).collect();
+        let scale2: Vec<f32> = in_proj.iter().map(|m| m.scale_2).collect();
+        let in_proj = InProjOnDevice::Nvfp4 {
+            packed: gpu.upload(&packed)?,
+            scales: gpu.upload(&scales)?,
+            scale2: gpu.upload(&scale2)?,
+        };
+        Self::upload_with(gpu, shape, in_proj, w)
+    }
+
+    fn check_lengths(shape: GdnShape, w: &GdnWeights) -> Result<()> {
         let (d, hv) = (shape.hidden, shape.value_heads);
         let checks = [
             ("in_proj_qkv", w.in_qkv.w.len(), shape.conv_dim() * d),
@@ -161,10 +213,14 @@ impl GdnWeightsOnDevice {
         if biased {
             return Err(Error::Buffer("GDN projections have no bias in this model".to_owned()));
         }
+        Ok(())
+    }
+
+    fn upload_with(gpu: &Gpu, shape: GdnShape, in_proj: InProjOnDevice, w: &GdnWeights) -> Result<Self> {
         let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
         Ok(GdnWeightsOnDevice {
             shape,
-            in_proj: gpu.upload(&stack_in_proj(w))?,
+            in_proj,
             conv: gpu.upload(&to_bf16(&w.conv))?,
             a_log: gpu.upload(&w.a_log)?,
             dt_bias: gpu.upload(&w.dt_bias)?,
@@ -237,22 +293,32 @@ impl GdnScratch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdnTiles {
     pub in_proj: gdn_in_proj_bf16::Tiles,
+    pub in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles,
     pub state_update: gdn_state_update::Tiles,
     pub out_proj: gemv_bf16::Tiles,
 }
 
 impl Default for GdnTiles {
     fn default() -> Self {
-        GdnTiles { in_proj: TileSet::DEFAULT, state_update: TileSet::DEFAULT, out_proj: TileSet::DEFAULT }
+        GdnTiles {
+            in_proj: TileSet::DEFAULT,
+            in_proj_nvfp4: TileSet::DEFAULT,
+            state_update: TileSet::DEFAULT,
+            out_proj: TileSet::DEFAULT,
+        }
     }
 }
 
 impl GdnTiles {
-    /// Whether these tiles can run `shape`: each kernel's requirements, checked as a launch would.
-    pub fn check(&self, shape: GdnShape) -> std::result::Result<(), kernel_dsl::LaunchError> {
+    /// Whether these tiles can run `shape` with a bf16 or an NVFP4 input projection: each
+    /// kernel's requirements, checked as a launch would.
+    pub fn check(&self, shape: GdnShape, nvfp4: bool) -> std::result::Result<(), kernel_dsl::LaunchError> {
         use kernel_dsl::KernelDef;
-        let a = GdnLaunches::unbound(shape);
-        gdn_in_proj_bf16::Kernel::launch_dims(&self.in_proj, &a.in_proj)?;
+        let a = GdnLaunches::unbound(shape, nvfp4);
+        match &a.in_proj {
+            InProj::Bf16(args) => gdn_in_proj_bf16::Kernel::launch_dims(&self.in_proj, args)?,
+            InProj::Nvfp4(args) => gdn_in_proj_nvfp4::Kernel::launch_dims(&self.in_proj_nvfp4, args)?,
+        };
         gdn_state_update::Kernel::launch_dims(&self.state_update, &a.state_update)?;
         let dims = gemv_bf16::Kernel::launch_dims(&self.out_proj, &a.out_proj)?;
         // out_proj's counters and partials are sized for at most `hidden` row tiles and 16 splits.
@@ -270,6 +336,7 @@ impl GdnTiles {
 #[derive(Debug)]
 pub struct GdnKernels {
     pub in_proj: LoadedKernel<gdn_in_proj_bf16::Kernel>,
+    pub in_proj_nvfp4: LoadedKernel<gdn_in_proj_nvfp4::Kernel>,
     pub state_update: LoadedKernel<gdn_state_update::Kernel>,
     pub out_proj: LoadedKernel<gemv_bf16::Kernel>,
 }
@@ -278,6 +345,7 @@ impl GdnKernels {
     pub fn load(gpu: &Gpu, tiles: GdnTiles) -> Result<GdnKernels> {
         Ok(GdnKernels {
             in_proj: gpu.kernel(tiles.in_proj)?,
+            in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?,
             state_update: gpu.kernel(tiles.state_update)?,
             out_proj: gpu.kernel(tiles.out_proj)?,
         })
@@ -292,10 +360,17 @@ pub enum Stage {
     OutProj,
 }
 
+/// The input projection's launch in one format.
+#[derive(Clone, Copy, Debug)]
+pub enum InProj {
+    Bf16(gdn_in_proj_bf16::Args),
+    Nvfp4(gdn_in_proj_nvfp4::Args),
+}
+
 /// The three launches of one GDN pass, arguments bound.
 #[derive(Clone, Copy, Debug)]
 pub struct GdnLaunches {
-    pub in_proj: gdn_in_proj_bf16::Args,
+    pub in_proj: InProj,
     pub state_update: gdn_state_update::Args,
     pub out_proj: gemv_bf16::Args,
 }
@@ -305,8 +380,10 @@ pub struct GdnLaunches {
 struct Addresses {
     x: u64,
     y: u64,
-    /// in_proj, conv, a_log, dt_bias, norm, out_proj.
-    w: [u64; 6],
+    /// in_proj (bf16 values or NVFP4 codes), NVFP4 block scales, NVFP4 global scales, conv,
+    /// a_log, dt_bias, norm, out_proj.
+    w: [u64; 8],
+    nvfp4: bool,
     /// conv_hist, state.
     st: [u64; 2],
     /// proj, o, head_counters, normed, out_partial, out_counters.
@@ -322,17 +399,26 @@ impl GdnLaunches {
         x: DevPtr<bf16>,
         y: DevPtrMut<bf16>,
     ) -> GdnLaunches {
+        let (in_proj, nvfp4) = match &w.in_proj {
+            InProjOnDevice::Bf16(b) => ([b.ptr().addr(), 0, 0], false),
+            InProjOnDevice::Nvfp4 { packed, scales, scale2 } => {
+                ([packed.ptr().addr(), scales.ptr().addr(), scale2.ptr().addr()], true)
+            }
+        };
         let a = Addresses {
             x: x.addr(),
             y: y.addr(),
             w: [
-                w.in_proj.ptr().addr(),
+                in_proj[0],
+                in_proj[1],
+                in_proj[2],
                 w.conv.ptr().addr(),
                 w.a_log.ptr().addr(),
                 w.dt_bias.ptr().addr(),
                 w.norm.ptr().addr(),
                 w.out_proj.ptr().addr(),
             ],
+            nvfp4,
             st: [st.conv_hist.ptr_mut().addr(), st.state.ptr_mut().addr()],
             s: [
                 s.proj.ptr_mut().addr(),
@@ -347,8 +433,8 @@ impl GdnLaunches {
     }
 
     /// The launches with every address 0: for checking a shape against tiles.
-    pub fn unbound(shape: GdnShape) -> GdnLaunches {
-        GdnLaunches::build(shape, &Addresses { x: 0, y: 0, w: [0; 6], st: [0; 2], s: [0; 6] })
+    pub fn unbound(shape: GdnShape, nvfp4: bool) -> GdnLaunches {
+        GdnLaunches::build(shape, &Addresses { x: 0, y: 0, w: [0; 8], nvfp4, st: [0; 2], s: [0; 6] })
     }
 
     fn build(sh: GdnShape, a: &Addresses) -> GdnLaunches {
@@ -359,11 +445,27 @@ impl GdnLaunches {
             DevPtrMut::from_addr(addr)
         }
         let u = |v: usize| v as u32;
-        let [in_proj, conv, a_log, dt_bias, norm, out_proj] = a.w;
+        let [in_proj, in_scales, in_scale2, conv, a_log, dt_bias, norm, out_proj] = a.w;
         let [conv_hist, state] = a.st;
         let [proj, o, head_counters, normed, out_partial, out_counters] = a.s;
-        GdnLaunches {
-            in_proj: gdn_in_proj_bf16::Args {
+        let in_proj = if a.nvfp4 {
+            InProj::Nvfp4(gdn_in_proj_nvfp4::Args {
+                packed: r(in_proj),
+                scales: r(in_scales),
+                scale2: r(in_scale2),
+                x: r(a.x),
+                conv_w: r(conv),
+                a_log: r(a_log),
+                dt_bias: r(dt_bias),
+                conv_hist: w(conv_hist),
+                proj: w(proj),
+                conv_dim: u(sh.conv_dim()),
+                z_dim: u(sh.z_dim()),
+                heads: u(sh.value_heads),
+                hidden: u(sh.hidden),
+            })
+        } else {
+            InProj::Bf16(gdn_in_proj_bf16::Args {
                 w: r(in_proj),
                 x: r(a.x),
                 conv_w: r(conv),
@@ -375,7 +477,10 @@ impl GdnLaunches {
                 z_dim: u(sh.z_dim()),
                 heads: u(sh.value_heads),
                 hidden: u(sh.hidden),
-            },
+            })
+        };
+        GdnLaunches {
+            in_proj,
             state_update: gdn_state_update::Args {
                 proj: r(proj),
                 norm_w: r(norm),
@@ -413,7 +518,10 @@ impl GdnLaunches {
         // upload checks the weights' lengths against it); the caller vouches for x, y and liveness.
         unsafe {
             match stage {
-                Stage::InProj => k.in_proj.launch(gpu, &self.in_proj),
+                Stage::InProj => match &self.in_proj {
+                    InProj::Bf16(a) => k.in_proj.launch(gpu, a),
+                    InProj::Nvfp4(a) => k.in_proj_nvfp4.launch(gpu, a),
+                },
                 Stage::StateUpdate => k.state_update.launch(gpu, &self.state_update),
                 Stage::OutProj => k.out_proj.launch(gpu, &self.out_proj),
             }
@@ -476,12 +584,17 @@ mod tests {
         let b = PUBLISHED.state_update_bytes() as f64;
         assert!((6.29e6..6.6e6).contains(&b), "{b}");
         // ~58 M bf16 weights: ~116 MB, plus the state.
-        let l = PUBLISHED.layer_bytes() as f64;
+        let l = PUBLISHED.layer_bytes(false) as f64;
         assert!((122e6..124e6).contains(&l), "{l}");
+        // The 42 M input-projection values at 0.5625 B instead of 2.
+        let saved = (PUBLISHED.layer_bytes(false) - PUBLISHED.layer_bytes(true)) as f64;
+        assert!((saved - 16480.0 * 2560.0 * 1.4375).abs() < 100.0, "{saved}");
+        assert!(PUBLISHED.layer_bytes_all_nvfp4() < PUBLISHED.layer_bytes(true));
     }
 
     #[test]
     fn default_tiles_fit_the_published_shape() {
-        GdnTiles::default().check(PUBLISHED).expect("default tiles");
+        GdnTiles::default().check(PUBLISHED, false).expect("default tiles, bf16");
+        GdnTiles::default().check(PUBLISHED, true).expect("default tiles, NVFP4");
     }
 }
