@@ -1,6 +1,7 @@
 //! Every kernel of the engine, each described once in the DSL. [`ALL`] lists them for the tools
 //! that walk every kernel: the generated files, the NVRTC compile test, the autotuner.
 
+pub mod gdn;
 pub mod gemv_bf16;
 pub mod moe;
 pub mod zc_rmsnorm;
@@ -16,4 +17,7 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &moe::down::moe_down_nvfp4::ERASED,
     &moe::down::moe_down_bf16::ERASED,
     &zc_rmsnorm::zc_rmsnorm::ERASED,
+    &gdn::in_proj::gdn_in_proj_bf16::ERASED,
+    &gdn::in_proj::gdn_in_proj_nvfp4::ERASED,
+    &gdn::state_update::gdn_state_update::ERASED,
 ];

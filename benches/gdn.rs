@@ -1,0 +1,443 @@
+//! The Gated DeltaNet layer at the published shape (d 2560, 16 key heads, 48 value heads, dk = dv
+//! = 128, bf16 weights) on the GPU, and its state update alone.
+//!
+//! - The state update: 36 layers (the model's count) with distinct 3 MiB states and distinct
+//!   inputs, captured as one graph of 36 launches and replayed: 108 MiB of state, beyond the
+//!   60 MB L2, so every launch reads and writes its state in DRAM, as in a decode step (where
+//!   ~100 MB of other weights pass between two GDN layers). Its bytes: the state read and written
+//!   plus q, k, v, z, the gates, o and y.
+//! - The whole layer: 8 layers with distinct weights (filled on the device), states and scratch,
+//!   one graph of 24 launches; and each of its three kernels alone (a graph of its 8 launches).
+//!   Once with a bf16 input projection, once with an NVFP4 one (out_proj is bf16 in both).
+//! - Every tile candidate of the two GDN kernels at the published shape, and out_proj's GEMV one
+//!   tile off its default, each kernel's graph alone.
+//!
+//! Each line gives the time per layer (median, p10, p90 of the replays), the bytes, the rate,
+//! its fraction of 4.27 TB/s and of the device-to-device copy bandwidth measured in the same run,
+//! and the byte floor; the GB10 projection divides the same bytes by 230 GB/s (a projection, not a
+//! measurement). Lines go to stdout and to $OUT/bench-gdn.jsonl (or target/bench-gdn.jsonl).
+
+use std::io::Write;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::{DeviceBuffer, Gpu, Graph};
+use engine::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
+use engine::kernels::gdn::state_update::gdn_state_update;
+use engine::kernels::gemv_bf16::gemv_bf16;
+use engine::layers::gdn::{
+    CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice,
+    InProjOnDevice, Stage,
+};
+use flashnext::rng::Rng;
+use half::bf16;
+use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
+use kernel_macros::kernel;
+
+const SHAPE: GdnShape = GdnShape {
+    hidden: 2560,
+    key_heads: 16,
+    value_heads: 48,
+    key_dim: 128,
+    value_dim: 128,
+    eps: 1e-6,
+    sigmoid_gate: true,
+};
+const LAYERS: usize = 8;
+const STATE_LAYERS: usize = 36;
+const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
+const GB10_STREAMING_BYTES_PER_S: f64 = 230e9;
+
+/// Fills words with a hash of (seed, index), masked: random bits at device speed.
+#[kernel(block = 256, grid = div_ceil(n, 256))]
+fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
+    let i = block_idx() * 256 + thread_idx();
+    if i < n {
+        let mut z = i * 0x9e3779b9 + seed;
+        z = (z ^ (z >> 16)) * 0x85ebca6b;
+        z = (z ^ (z >> 13)) * 0xc2b2ae35;
+        z = z ^ (z >> 16);
+        out[i] = (z & and_mask) | or_mask;
+    }
+}
+
+fn fill<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    k: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    buf: &mut DeviceBuffer<T>,
+    seed: u32,
+    and_mask: u32,
+    or_mask: u32,
+) {
+    let words = (buf.size_bytes() / 4) as u32;
+    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
+    // SAFETY: the buffer holds at least `words` 4-byte words.
+    unsafe { k.launch(gpu, &args) }.expect("fill");
+}
+
+/// Random bf16 pairs with exponents near 2^-6, random signs and mantissas (0x3c80..0x3cff).
+fn fill_bf16(gpu: &Gpu, k: &engine::cuda::LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuffer<bf16>, seed: u32) {
+    fill(gpu, k, buf, seed, 0x807f_807f, 0x3c80_3c80);
+}
+
+fn layer_weights(
+    gpu: &Gpu,
+    fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    rng: &mut Rng,
+    seed: u32,
+    nvfp4: bool,
+) -> GdnWeightsOnDevice {
+    let sh = SHAPE;
+    let hv = sh.value_heads;
+    let values = sh.in_rows() * sh.hidden;
+    let in_proj = if nvfp4 {
+        let mut packed = gpu.alloc::<E2m1x2>(values / 2).expect("alloc");
+        let mut scales = gpu.alloc::<E4m3>(values / 16).expect("alloc");
+        fill(gpu, fk, &mut packed, seed + 3, u32::MAX, 0);
+        // e4m3 bytes 0b0_0101_xxx to 0b0_1000_xxx: 2^-2 to 2^1.875.
+        fill(gpu, fk, &mut scales, seed + 4, 0x1f1f_1f1f, 0x2828_2828);
+        InProjOnDevice::Nvfp4 { packed, scales, scale2: gpu.upload(&[0.01f32; 4]).expect("alloc") }
+    } else {
+        let mut b = gpu.alloc(values).expect("alloc");
+        fill_bf16(gpu, fk, &mut b, seed);
+        InProjOnDevice::Bf16(b)
+    };
+    let mut w = GdnWeightsOnDevice {
+        shape: sh,
+        in_proj,
+        conv: gpu.alloc(CONV_KERNEL * sh.conv_dim()).expect("alloc"),
+        a_log: gpu.upload(&(0..hv).map(|_| (0.5 + 3.5 * rng.uniform()).ln()).collect::<Vec<f32>>()).expect("A_log"),
+        dt_bias: gpu.upload(&(0..hv).map(|_| -2.5 + 0.5 * rng.normal()).collect::<Vec<f32>>()).expect("dt_bias"),
+        norm: gpu.upload(&rng.bf16_normal(sh.value_dim, 1.0)).expect("norm"),
+        out_proj: gpu.alloc(sh.hidden * sh.z_dim()).expect("alloc"),
+    };
+    fill_bf16(gpu, fk, &mut w.conv, seed + 1);
+    fill_bf16(gpu, fk, &mut w.out_proj, seed + 2);
+    w
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Median, p10 and p90 of one replay of `g`, over `samples` replays.
+fn replay_times(gpu: &Gpu, g: &Graph, samples: usize) -> (f64, f64, f64) {
+    let t = EventTimer::new(gpu).expect("events");
+    g.launch().expect("warm-up replay");
+    let mut v: Vec<f64> = (0..samples)
+        .map(|_| {
+            t.start(gpu).expect("start");
+            g.launch().expect("replay");
+            t.stop(gpu).expect("stop").as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
+}
+
+/// What one timed graph measured, per layer.
+struct Line<'a> {
+    bench: &'a str,
+    label: String,
+    layers: usize,
+    launches_per_layer: usize,
+    bytes: usize,
+    times: (f64, f64, f64),
+}
+
+/// Where lines go, and the device's figures they quote.
+struct Sink {
+    copy_bw: f64,
+    device: String,
+    jsonl: Option<std::fs::File>,
+}
+
+fn report(l: &Line<'_>, out: &mut Sink) {
+    let (copy_bw, device) = (out.copy_bw, out.device.as_str());
+    let n = l.layers as f64;
+    let (median, p10, p90) = (l.times.0 / n, l.times.1 / n, l.times.2 / n);
+    let rate = l.bytes as f64 / median;
+    println!(
+        "{}: {:.2} us per layer (p10 {:.2}, p90 {:.2}), {} launch{}, {:.2} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; H200 floor {:.2} us, GB10 floor {:.1} us (projection at 230 GB/s)",
+        l.label,
+        median * 1e6,
+        p10 * 1e6,
+        p90 * 1e6,
+        l.launches_per_layer,
+        if l.launches_per_layer == 1 { "" } else { "es" },
+        l.bytes as f64 / 1e6,
+        rate / 1e9,
+        100.0 * rate / H200_REFERENCE_BYTES_PER_S,
+        100.0 * rate / copy_bw,
+        l.bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
+        l.bytes as f64 / GB10_STREAMING_BYTES_PER_S * 1e6,
+    );
+    if let Some(f) = out.jsonl.as_mut() {
+        let _ = writeln!(
+            f,
+            "{{\"bench\":\"{}\",\"label\":\"{}\",\"device\":\"{device}\",\"us_per_layer\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{},\"launches\":{},\"copy_bw\":{copy_bw:.0}}}",
+            l.bench,
+            l.label,
+            median * 1e6,
+            p10 * 1e6,
+            p90 * 1e6,
+            l.bytes,
+            l.launches_per_layer
+        );
+    }
+}
+
+fn capture(gpu: &Gpu, launches: &[GdnLaunches], k: &GdnKernels, stages: &[Stage]) -> Graph {
+    gpu.capture(|| {
+        for l in launches {
+            for &s in stages {
+                // SAFETY: the launches' buffers live in `bench_gdn` for the whole bench.
+                unsafe { l.enqueue_stage(gpu, k, s) }?;
+            }
+        }
+        Ok(())
+    })
+    .expect("capture")
+}
+
+/// Inputs of the state update that in_proj would have written: q, k, v and z normal, β in
+/// (0, 1), α in (0.5, 1).
+fn random_proj(rng: &mut Rng) -> Vec<f32> {
+    let sh = SHAPE;
+    let mut p: Vec<f32> = (0..sh.conv_dim() + sh.z_dim()).map(|_| rng.normal()).collect();
+    p.extend((0..sh.value_heads).map(|_| rng.uniform()));
+    p.extend((0..sh.value_heads).map(|_| 0.5 + 0.5 * rng.uniform()));
+    p
+}
+
+fn bench_gdn(c: &mut Criterion) {
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("gdn bench skipped: {e}");
+            return;
+        }
+    };
+    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
+    println!("device {}: device-to-device copy {:.2} TB/s (read + write)", gpu.info().name, copy_bw / 1e12);
+    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-gdn.jsonl")).ok();
+    let mut out = Sink { copy_bw, device: gpu.info().name.clone(), jsonl };
+    let mut rng = Rng::fresh("gdn bench");
+    let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
+    let kernels = GdnKernels::load(&gpu, GdnTiles::default()).expect("compile");
+    let mut group = c.benchmark_group("gdn");
+    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+
+    // The state update alone, 36 layers. Its launches only need the state update's buffers; the
+    // weights are the (unread) in_proj and out_proj of one small stand-in layer.
+    let stand_in = layer_weights(&gpu, &fk, &mut rng, 7, false);
+    let mut states: Vec<GdnStateOnDevice> =
+        (0..STATE_LAYERS).map(|_| GdnStateOnDevice::new(&gpu, SHAPE).expect("state")).collect();
+    let mut scratch: Vec<GdnScratch> =
+        (0..STATE_LAYERS).map(|_| GdnScratch::new(&gpu, SHAPE).expect("scratch")).collect();
+    for s in &mut scratch {
+        gpu.write(&mut s.proj, &random_proj(&mut rng)).expect("proj");
+    }
+    let x = gpu.upload(&rng.bf16_normal(SHAPE.hidden, 1.0)).expect("x");
+    let mut y = gpu.alloc::<bf16>(SHAPE.hidden).expect("y");
+    let state_launches: Vec<GdnLaunches> = states
+        .iter_mut()
+        .zip(scratch.iter_mut())
+        .map(|(st, s)| GdnLaunches::new(&stand_in, st, s, x.ptr(), y.ptr_mut()))
+        .collect();
+    // A few eager updates first: a state that is not zero (decayed, not blowing up).
+    for _ in 0..4 {
+        for l in &state_launches {
+            // SAFETY: the buffers behind the launches live to the end of this function.
+            unsafe { l.enqueue_stage(&gpu, &kernels, Stage::StateUpdate) }.expect("update");
+        }
+    }
+    gpu.synchronize().expect("sync");
+    let update_bytes = SHAPE.state_update_bytes();
+    let g = capture(&gpu, &state_launches, &kernels, &[Stage::StateUpdate]);
+    report(
+        &Line {
+            bench: "gdn-state-update",
+            label: format!("gdn state update ({STATE_LAYERS} layers)"),
+            layers: STATE_LAYERS,
+            launches_per_layer: 1,
+            bytes: update_bytes,
+            times: replay_times(&gpu, &g, 50),
+        },
+        &mut out,
+    );
+    group.throughput(Throughput::Bytes((update_bytes * STATE_LAYERS) as u64));
+    group.bench_function(format!("state-update/{STATE_LAYERS}-layers"), |b| {
+        let t = EventTimer::new(&gpu).expect("events");
+        b.iter_custom(|iters| {
+            t.start(&gpu).expect("start");
+            for _ in 0..iters {
+                g.launch().expect("replay");
+            }
+            t.stop(&gpu).expect("stop")
+        })
+    });
+    drop(g);
+    let base = GdnTiles::default();
+    let variants = gdn_state_update::Tiles::candidates()
+        .into_iter()
+        .map(|t| (format!("{t:?}"), GdnTiles { state_update: t, ..base }));
+    sweep(&gpu, &state_launches, Stage::StateUpdate, false, variants.collect(), update_bytes, &mut out);
+    drop(state_launches);
+    drop(scratch);
+    drop(states);
+    for (format, nvfp4) in [("bf16", false), ("nvfp4", true)] {
+        whole_layer(&gpu, &kernels, &fk, &mut rng, &mut group, format, nvfp4, &mut out);
+    }
+    group.finish();
+}
+
+/// The whole layer, 8 layers with distinct weights, the input projection in `format`.
+#[allow(clippy::too_many_arguments)]
+fn whole_layer(
+    gpu: &Gpu,
+    kernels: &GdnKernels,
+    fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
+    rng: &mut Rng,
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    format: &str,
+    nvfp4: bool,
+    out: &mut Sink,
+) {
+    let base = GdnTiles::default();
+
+    let layers: Vec<GdnWeightsOnDevice> =
+        (0..LAYERS).map(|l| layer_weights(gpu, fk, rng, 1000 * l as u32 + 11, nvfp4)).collect();
+    let mut lstates: Vec<GdnStateOnDevice> =
+        (0..LAYERS).map(|_| GdnStateOnDevice::new(gpu, SHAPE).expect("state")).collect();
+    let mut lscratch: Vec<GdnScratch> = (0..LAYERS).map(|_| GdnScratch::new(gpu, SHAPE).expect("scratch")).collect();
+    let xs: Vec<DeviceBuffer<bf16>> =
+        (0..LAYERS).map(|_| gpu.upload(&rng.bf16_normal(SHAPE.hidden, 1.0)).expect("x")).collect();
+    let mut ys: Vec<DeviceBuffer<bf16>> = (0..LAYERS).map(|_| gpu.alloc(SHAPE.hidden).expect("y")).collect();
+    let launches: Vec<GdnLaunches> = (0..LAYERS)
+        .map(|l| GdnLaunches::new(&layers[l], &mut lstates[l], &mut lscratch[l], xs[l].ptr(), ys[l].ptr_mut()))
+        .collect();
+    for l in &launches {
+        // SAFETY: the buffers behind the launches live to the end of this function.
+        unsafe { l.enqueue(gpu, kernels) }.expect("pass");
+    }
+    gpu.synchronize().expect("sync");
+    let all = [Stage::InProj, Stage::StateUpdate, Stage::OutProj];
+    let whole = capture(gpu, &launches, kernels, &all);
+    if std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some() {
+        return;
+    }
+    let layer_bytes = SHAPE.layer_bytes(nvfp4);
+    report(
+        &Line {
+            bench: "gdn-layer",
+            label: format!("gdn layer, {format} in_proj, bf16 out_proj ({LAYERS} layers)"),
+            layers: LAYERS,
+            launches_per_layer: 3,
+            bytes: layer_bytes,
+            times: replay_times(gpu, &whole, 50),
+        },
+        out,
+    );
+    if nvfp4 {
+        let all_nvfp4 = SHAPE.layer_bytes_all_nvfp4();
+        println!(
+            "  with out_proj in NVFP4 too (not written yet) the layer would move {:.1} MB: H200 floor {:.2} us, GB10 floor {:.1} us (projection)",
+            all_nvfp4 as f64 / 1e6,
+            all_nvfp4 as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
+            all_nvfp4 as f64 / GB10_STREAMING_BYTES_PER_S * 1e6
+        );
+    }
+    group.throughput(Throughput::Bytes((layer_bytes * LAYERS) as u64));
+    group.bench_function(format!("layer-{format}/{LAYERS}-layers"), |b| {
+        let t = EventTimer::new(gpu).expect("events");
+        b.iter_custom(|iters| {
+            t.start(gpu).expect("start");
+            for _ in 0..iters {
+                whole.launch().expect("replay");
+            }
+            t.stop(gpu).expect("stop")
+        })
+    });
+    drop(whole);
+    let d = SHAPE.hidden;
+    let in_proj_bytes =
+        SHAPE.in_proj_weight_bytes(nvfp4) + 2 * (CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim();
+    let out_proj_bytes = 2 * (d * SHAPE.z_dim() + SHAPE.z_dim() + d);
+    let stages = [
+        (Stage::InProj, "in_proj", in_proj_bytes),
+        (Stage::StateUpdate, "state_update", SHAPE.state_update_bytes()),
+        (Stage::OutProj, "out_proj", out_proj_bytes),
+    ];
+    for (stage, label, bytes) in stages {
+        let g = capture(gpu, &launches, kernels, &[stage]);
+        report(
+            &Line {
+                bench: "gdn-stage",
+                label: format!("  gdn {format} {label}"),
+                layers: LAYERS,
+                launches_per_layer: 1,
+                bytes,
+                times: replay_times(gpu, &g, 50),
+            },
+            out,
+        );
+    }
+    let variants: Vec<(String, GdnTiles)> = if nvfp4 {
+        gdn_in_proj_nvfp4::Tiles::candidates()
+            .into_iter()
+            .map(|t| (format!("{t:?}"), GdnTiles { in_proj_nvfp4: t, ..base }))
+            .collect()
+    } else {
+        gdn_in_proj_bf16::Tiles::candidates()
+            .into_iter()
+            .map(|t| (format!("{t:?}"), GdnTiles { in_proj: t, ..base }))
+            .collect()
+    };
+    sweep(gpu, &launches, Stage::InProj, nvfp4, variants, in_proj_bytes, out);
+    if !nvfp4 {
+        // out_proj: the GEMV's candidates one tile off its default (its whole space is gemv's bench).
+        let d = gemv_bf16::Tiles::DEFAULT.values();
+        let variants = gemv_bf16::Tiles::candidates()
+            .into_iter()
+            .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() <= 1)
+            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, ..base }));
+        sweep(gpu, &launches, Stage::OutProj, false, variants.collect(), out_proj_bytes, out);
+    }
+}
+
+/// Each tile set of `variants` (one kernel's candidates, the others at their defaults) that fits
+/// the published shape, timed as a graph of that kernel's launches.
+fn sweep(
+    gpu: &Gpu,
+    launches: &[GdnLaunches],
+    stage: Stage,
+    nvfp4: bool,
+    variants: Vec<(String, GdnTiles)>,
+    bytes: usize,
+    out: &mut Sink,
+) {
+    for (label, tiles) in variants {
+        if tiles.check(SHAPE, nvfp4).is_err() {
+            continue;
+        }
+        let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };
+        let g = capture(gpu, launches, &k, &[stage]);
+        report(
+            &Line {
+                bench: "gdn-sweep",
+                label: format!("  sweep {stage:?} {label}"),
+                layers: launches.len(),
+                launches_per_layer: 1,
+                bytes,
+                times: replay_times(gpu, &g, 20),
+            },
+            out,
+        );
+    }
+}
+
+criterion_group!(benches, bench_gdn);
+criterion_main!(benches);

@@ -1,0 +1,600 @@
+//! One Gated DeltaNet layer on the device: its weights as the kernels read them, its carried state
+//! (the conv history and the fp32 delta-rule state), its scratch, and its three launches:
+//!
+//! 1. [`gdn_in_proj_bf16`] or [`gdn_in_proj_nvfp4`]: [in_proj_qkv; in_proj_z; in_proj_b;
+//!    in_proj_a]·x in one grouped GEMV, bf16 or NVFP4 weights, with the causal conv, SiLU and the
+//!    gates β and α in the epilogue;
+//! 2. [`gdn_state_update`]: the l2 norms of q and k, the delta rule on the state (read once,
+//!    written once), o = Sᵀq̂, and the gated RMSNorm of o in the last block of each head;
+//! 3. out_proj: the plain bf16 GEMV ([`gemv_bf16`]) of the gated-normed heads (bf16 in both
+//!    formats: an NVFP4 GEMV for it is not written yet).
+//!
+//! The gated norm sits in the state update rather than in out_proj's prologue: it is per head, the
+//! state update's blocks are per head, and the head's o is still in L2 there, so it costs a few
+//! hundred bytes per head; in out_proj's prologue every block would have to renormalise all the
+//! heads it reads (6144 values of o and z each, in each of hundreds of blocks).
+
+use half::bf16;
+use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
+
+use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
+use crate::error::{Error, Result};
+use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
+use crate::kernels::gdn::state_update::gdn_state_update;
+use crate::kernels::gemv_bf16::gemv_bf16;
+use crate::model::config::ModelConfig;
+use crate::model::nvfp4::Nvfp4Matrix;
+use crate::model::weights::GdnWeights;
+
+/// The conv kernel size the in_proj kernel implements (the published one).
+pub const CONV_KERNEL: usize = 4;
+/// The largest K_SPLIT among out_proj's tile candidates: its partial sums are sized for it.
+const MAX_OUT_SPLIT: usize = 16;
+
+/// The shape of a GDN layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GdnShape {
+    pub hidden: usize,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// The gated norm's eps (rms_norm_eps).
+    pub eps: f32,
+    /// The output gate: σ if true, SiLU otherwise.
+    pub sigmoid_gate: bool,
+}
+
+impl GdnShape {
+    pub fn from_config(cfg: &ModelConfig) -> Result<GdnShape> {
+        if cfg.linear_conv_kernel != CONV_KERNEL {
+            return Err(Error::Buffer(format!(
+                "the GDN kernels implement a conv of kernel {CONV_KERNEL}; the config has {}",
+                cfg.linear_conv_kernel
+            )));
+        }
+        Ok(GdnShape {
+            hidden: cfg.hidden_size,
+            key_heads: cfg.linear_key_heads,
+            value_heads: cfg.linear_value_heads,
+            key_dim: cfg.linear_key_dim,
+            value_dim: cfg.linear_value_dim,
+            eps: cfg.rms_norm_eps,
+            sigmoid_gate: cfg.gdn_gate_sigmoid,
+        })
+    }
+
+    /// Channels of the conv: q, k and v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    /// Width of z, of o and of out_proj's input.
+    pub fn z_dim(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+
+    /// Rows of the stacked input projection: qkv, z, b, a.
+    pub fn in_rows(&self) -> usize {
+        self.conv_dim() + self.z_dim() + 2 * self.value_heads
+    }
+
+    /// Elements of the fp32 delta-rule state.
+    pub fn state_len(&self) -> usize {
+        self.value_heads * self.key_dim * self.value_dim
+    }
+
+    /// Bytes the state update moves: the state read and written, q, k, v, z, the gates and the
+    /// norm weight read, o written in f32 and read back, y written.
+    pub fn state_update_bytes(&self) -> usize {
+        let qkvz = self.conv_dim() + self.z_dim() + 2 * self.value_heads;
+        8 * self.state_len() + 4 * qkvz + 2 * self.value_dim + 8 * self.z_dim() + 2 * self.z_dim()
+    }
+
+    /// Bytes of the stacked input projection's weights: bf16, or NVFP4 (0.5625 B a value: codes
+    /// and e4m3 block scales, plus four global scales).
+    pub fn in_proj_weight_bytes(&self, nvfp4: bool) -> usize {
+        let v = self.in_rows() * self.hidden;
+        if nvfp4 { v / 2 + v / 16 + 4 * 4 } else { 2 * v }
+    }
+
+    /// Bytes of the layer's weights: the input projection in its format, out_proj, the conv and
+    /// the norm in bf16, A_log and dt_bias in f32.
+    pub fn weight_bytes(&self, nvfp4_in_proj: bool) -> usize {
+        self.in_proj_weight_bytes(nvfp4_in_proj)
+            + 2 * (self.hidden * self.z_dim() + CONV_KERNEL * self.conv_dim() + self.value_dim)
+            + 4 * 2 * self.value_heads
+    }
+
+    /// Bytes one token's pass over the layer must move at least: the weights, x, the conv history
+    /// read and written, the state update's traffic, y.
+    pub fn layer_bytes(&self, nvfp4_in_proj: bool) -> usize {
+        let d = self.hidden;
+        let conv_hist = 2 * 4 * (CONV_KERNEL - 1) * self.conv_dim();
+        self.weight_bytes(nvfp4_in_proj) + 2 * d + conv_hist + self.state_update_bytes() + 2 * d
+    }
+
+    /// [`GdnShape::layer_bytes`] if out_proj were NVFP4 too: a projection for a GEMV not written.
+    pub fn layer_bytes_all_nvfp4(&self) -> usize {
+        let v = self.hidden * self.z_dim();
+        self.layer_bytes(true) - 2 * v + v / 2 + v / 16 + 4
+    }
+}
+
+/// The stacked input projection [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a] in bf16.
+pub fn stack_in_proj(w: &GdnWeights) -> Vec<bf16> {
+    [&w.in_qkv, &w.in_z, &w.in_b, &w.in_a].iter().flat_map(|l| l.w.iter().map(|&v| bf16::from_f32(v))).collect()
+}
+
+/// The stacked input projection on the device.
+#[derive(Debug)]
+pub enum InProjOnDevice {
+    /// [in_rows, hidden].
+    Bf16(DeviceBuffer<bf16>),
+    /// ModelOpt layout, the four matrices' rows stacked: codes [in_rows, hidden/2], e4m3 block
+    /// scales [in_rows, hidden/16], global scales [4] (qkv, z, b, a).
+    Nvfp4 { packed: DeviceBuffer<E2m1x2>, scales: DeviceBuffer<E4m3>, scale2: DeviceBuffer<f32> },
+}
+
+/// A GDN layer's weights on the device: the input projection bf16 or NVFP4, the rest bf16
+/// (A_log and dt_bias in f32).
+#[derive(Debug)]
+pub struct GdnWeightsOnDevice {
+    pub shape: GdnShape,
+    pub in_proj: InProjOnDevice,
+    /// [conv_dim, 4].
+    pub conv: DeviceBuffer<bf16>,
+    /// [value_heads].
+    pub a_log: DeviceBuffer<f32>,
+    pub dt_bias: DeviceBuffer<f32>,
+    /// [value_dim].
+    pub norm: DeviceBuffer<bf16>,
+    /// [hidden, z_dim].
+    pub out_proj: DeviceBuffer<bf16>,
+}
+
+impl GdnWeightsOnDevice {
+    /// Uploads `w`, its matrices, conv and norm rounded to bf16 (exact for a bf16 checkpoint).
+    pub fn upload_bf16(gpu: &Gpu, shape: GdnShape, w: &GdnWeights) -> Result<Self> {
+        Self::check_lengths(shape, w)?;
+        let in_proj = InProjOnDevice::Bf16(gpu.upload(&stack_in_proj(w))?);
+        Self::upload_with(gpu, shape, in_proj, w)
+    }
+
+    /// Uploads the input projection from its four NVFP4 matrices (qkv, z, b, a) and the rest of
+    /// `w` (whose input projections are not read) in bf16.
+    pub fn upload_nvfp4(gpu: &Gpu, shape: GdnShape, in_proj: [&Nvfp4Matrix; 4], w: &GdnWeights) -> Result<Self> {
+        let d = shape.hidden;
+        let rows = [shape.conv_dim(), shape.z_dim(), shape.value_heads, shape.value_heads];
+        let names = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"];
+        for ((m, r), name) in in_proj.iter().zip(rows).zip(names) {
+            let ok = m.rows == r && m.cols == d && m.packed.len() * 2 == r * d && m.scales.len() * 16 == r * d;
+            if !ok {
+                return Err(Error::Buffer(format!(
+                    "GDN {name} in NVFP4: [{}, {}] with {} codes and {} scales for a shape that needs [{r}, {d}]",
+                    m.rows,
+                    m.cols,
+                    m.packed.len() * 2,
+                    m.scales.len() * 16
+                )));
+            }
+        }
+        Self::check_lengths(shape, w)?;
+        let packed: Vec<E2m1x2> = in_proj.iter().flat_map(|m| m.packed.iter().map(|&b| E2m1x2(b))).collect();
+        let scales: Vec<E4m3> = in_proj.iter().flat_map(|m| m.scales.iter().map(|&b| E4m3(b))).collect();
+        let scale2: Vec<f32> = in_proj.iter().map(|m| m.scale_2).collect();
+        let in_proj = InProjOnDevice::Nvfp4 {
+            packed: gpu.upload(&packed)?,
+            scales: gpu.upload(&scales)?,
+            scale2: gpu.upload(&scale2)?,
+        };
+        Self::upload_with(gpu, shape, in_proj, w)
+    }
+
+    fn check_lengths(shape: GdnShape, w: &GdnWeights) -> Result<()> {
+        let (d, hv) = (shape.hidden, shape.value_heads);
+        let checks = [
+            ("in_proj_qkv", w.in_qkv.w.len(), shape.conv_dim() * d),
+            ("in_proj_z", w.in_z.w.len(), shape.z_dim() * d),
+            ("in_proj_b", w.in_b.w.len(), hv * d),
+            ("in_proj_a", w.in_a.w.len(), hv * d),
+            ("conv1d", w.conv.len(), CONV_KERNEL * shape.conv_dim()),
+            ("A_log", w.a_log.len(), hv),
+            ("dt_bias", w.dt_bias.len(), hv),
+            ("norm", w.norm.len(), shape.value_dim),
+            ("out_proj", w.out.w.len(), d * shape.z_dim()),
+        ];
+        for (what, got, want) in checks {
+            if got != want {
+                return Err(Error::Buffer(format!("GDN {what}: {got} values for a shape that needs {want}")));
+            }
+        }
+        let biased = [&w.in_qkv, &w.in_z, &w.in_b, &w.in_a, &w.out].iter().any(|l| l.bias.is_some());
+        if biased {
+            return Err(Error::Buffer("GDN projections have no bias in this model".to_owned()));
+        }
+        Ok(())
+    }
+
+    fn upload_with(gpu: &Gpu, shape: GdnShape, in_proj: InProjOnDevice, w: &GdnWeights) -> Result<Self> {
+        let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+        Ok(GdnWeightsOnDevice {
+            shape,
+            in_proj,
+            conv: gpu.upload(&to_bf16(&w.conv))?,
+            a_log: gpu.upload(&w.a_log)?,
+            dt_bias: gpu.upload(&w.dt_bias)?,
+            norm: gpu.upload(&to_bf16(&w.norm))?,
+            out_proj: gpu.upload(&to_bf16(&w.out.w))?,
+        })
+    }
+}
+
+/// What a GDN layer carries from token to token, zero at the start of a sequence.
+#[derive(Debug)]
+pub struct GdnStateOnDevice {
+    /// The last 3 conv inputs [3, conv_dim], oldest first, f32.
+    pub conv_hist: DeviceBuffer<f32>,
+    /// [value_heads, key_dim, value_dim], f32.
+    pub state: DeviceBuffer<f32>,
+}
+
+impl GdnStateOnDevice {
+    pub fn new(gpu: &Gpu, shape: GdnShape) -> Result<GdnStateOnDevice> {
+        let mut s = GdnStateOnDevice {
+            conv_hist: gpu.alloc((CONV_KERNEL - 1) * shape.conv_dim())?,
+            state: gpu.alloc(shape.state_len())?,
+        };
+        s.reset(gpu)?;
+        Ok(s)
+    }
+
+    /// Back to the start of a sequence: no history, a zero state.
+    pub fn reset(&mut self, gpu: &Gpu) -> Result<()> {
+        gpu.fill_bytes(&mut self.conv_hist, 0)?;
+        gpu.fill_bytes(&mut self.state, 0)
+    }
+}
+
+/// What one GDN pass writes besides its output and the state. The counters must be zero before
+/// the first pass; every pass leaves them zero.
+#[derive(Debug)]
+pub struct GdnScratch {
+    /// The in_proj epilogue's output [in_rows]: conv'd q, k, v, then z, β, α (f32).
+    pub proj: DeviceBuffer<f32>,
+    /// Sᵀq̂ per head [z_dim], f32.
+    pub o: DeviceBuffer<f32>,
+    /// One per value head, for the gated norm's last block.
+    pub head_counters: DeviceBuffer<u32>,
+    /// The gated-normed heads, out_proj's input [z_dim], bf16.
+    pub normed: DeviceBuffer<bf16>,
+    /// out_proj's split-K partials [16, hidden] and tile counters [hidden].
+    pub out_partial: DeviceBuffer<f32>,
+    pub out_counters: DeviceBuffer<u32>,
+}
+
+impl GdnScratch {
+    pub fn new(gpu: &Gpu, shape: GdnShape) -> Result<GdnScratch> {
+        let mut s = GdnScratch {
+            proj: gpu.alloc(shape.in_rows())?,
+            o: gpu.alloc(shape.z_dim())?,
+            head_counters: gpu.alloc(shape.value_heads)?,
+            normed: gpu.alloc(shape.z_dim())?,
+            out_partial: gpu.alloc(MAX_OUT_SPLIT * shape.hidden)?,
+            out_counters: gpu.alloc(shape.hidden)?,
+        };
+        gpu.fill_bytes(&mut s.head_counters, 0)?;
+        gpu.fill_bytes(&mut s.out_counters, 0)?;
+        Ok(s)
+    }
+}
+
+/// Tile choices for the three GDN kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnTiles {
+    pub in_proj: gdn_in_proj_bf16::Tiles,
+    pub in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles,
+    pub state_update: gdn_state_update::Tiles,
+    pub out_proj: gemv_bf16::Tiles,
+}
+
+impl Default for GdnTiles {
+    fn default() -> Self {
+        GdnTiles {
+            in_proj: TileSet::DEFAULT,
+            in_proj_nvfp4: TileSet::DEFAULT,
+            state_update: TileSet::DEFAULT,
+            out_proj: TileSet::DEFAULT,
+        }
+    }
+}
+
+impl GdnTiles {
+    /// Whether these tiles can run `shape` with a bf16 or an NVFP4 input projection: each
+    /// kernel's requirements, checked as a launch would.
+    pub fn check(&self, shape: GdnShape, nvfp4: bool) -> std::result::Result<(), kernel_dsl::LaunchError> {
+        use kernel_dsl::KernelDef;
+        let a = GdnLaunches::unbound(shape, nvfp4);
+        match &a.in_proj {
+            InProj::Bf16(args) => gdn_in_proj_bf16::Kernel::launch_dims(&self.in_proj, args)?,
+            InProj::Nvfp4(args) => gdn_in_proj_nvfp4::Kernel::launch_dims(&self.in_proj_nvfp4, args)?,
+        };
+        gdn_state_update::Kernel::launch_dims(&self.state_update, &a.state_update)?;
+        let dims = gemv_bf16::Kernel::launch_dims(&self.out_proj, &a.out_proj)?;
+        // out_proj's counters and partials are sized for at most `hidden` row tiles and 16 splits.
+        if dims.grid[0] as usize > shape.hidden || dims.grid[1] as usize > MAX_OUT_SPLIT {
+            return Err(kernel_dsl::LaunchError {
+                kernel: "gemv_bf16",
+                message: "out_proj's scratch is sized for 16 splits and one counter per row".to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The GDN kernels, compiled for one device at chosen tiles.
+#[derive(Debug)]
+pub struct GdnKernels {
+    pub in_proj: LoadedKernel<gdn_in_proj_bf16::Kernel>,
+    pub in_proj_nvfp4: LoadedKernel<gdn_in_proj_nvfp4::Kernel>,
+    pub state_update: LoadedKernel<gdn_state_update::Kernel>,
+    pub out_proj: LoadedKernel<gemv_bf16::Kernel>,
+}
+
+impl GdnKernels {
+    pub fn load(gpu: &Gpu, tiles: GdnTiles) -> Result<GdnKernels> {
+        Ok(GdnKernels {
+            in_proj: gpu.kernel(tiles.in_proj)?,
+            in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?,
+            state_update: gpu.kernel(tiles.state_update)?,
+            out_proj: gpu.kernel(tiles.out_proj)?,
+        })
+    }
+}
+
+/// One of the three launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    InProj,
+    StateUpdate,
+    OutProj,
+}
+
+/// The input projection's launch in one format.
+#[derive(Clone, Copy, Debug)]
+pub enum InProj {
+    Bf16(gdn_in_proj_bf16::Args),
+    Nvfp4(gdn_in_proj_nvfp4::Args),
+}
+
+/// The three launches of one GDN pass, arguments bound.
+#[derive(Clone, Copy, Debug)]
+pub struct GdnLaunches {
+    pub in_proj: InProj,
+    pub state_update: gdn_state_update::Args,
+    pub out_proj: gemv_bf16::Args,
+}
+
+/// Every address of a pass, so that one function builds the arguments both for a pass and for
+/// checking a shape (with every address 0).
+struct Addresses {
+    x: u64,
+    y: u64,
+    /// in_proj (bf16 values or NVFP4 codes), NVFP4 block scales, NVFP4 global scales, conv,
+    /// a_log, dt_bias, norm, out_proj.
+    w: [u64; 8],
+    nvfp4: bool,
+    /// conv_hist, state.
+    st: [u64; 2],
+    /// proj, o, head_counters, normed, out_partial, out_counters.
+    s: [u64; 6],
+}
+
+impl GdnLaunches {
+    /// The launches of `y = GDN(x)` with these weights, state and scratch.
+    pub fn new(
+        w: &GdnWeightsOnDevice,
+        st: &mut GdnStateOnDevice,
+        s: &mut GdnScratch,
+        x: DevPtr<bf16>,
+        y: DevPtrMut<bf16>,
+    ) -> GdnLaunches {
+        let (in_proj, nvfp4) = match &w.in_proj {
+            InProjOnDevice::Bf16(b) => ([b.ptr().addr(), 0, 0], false),
+            InProjOnDevice::Nvfp4 { packed, scales, scale2 } => {
+                ([packed.ptr().addr(), scales.ptr().addr(), scale2.ptr().addr()], true)
+            }
+        };
+        let a = Addresses {
+            x: x.addr(),
+            y: y.addr(),
+            w: [
+                in_proj[0],
+                in_proj[1],
+                in_proj[2],
+                w.conv.ptr().addr(),
+                w.a_log.ptr().addr(),
+                w.dt_bias.ptr().addr(),
+                w.norm.ptr().addr(),
+                w.out_proj.ptr().addr(),
+            ],
+            nvfp4,
+            st: [st.conv_hist.ptr_mut().addr(), st.state.ptr_mut().addr()],
+            s: [
+                s.proj.ptr_mut().addr(),
+                s.o.ptr_mut().addr(),
+                s.head_counters.ptr_mut().addr(),
+                s.normed.ptr_mut().addr(),
+                s.out_partial.ptr_mut().addr(),
+                s.out_counters.ptr_mut().addr(),
+            ],
+        };
+        GdnLaunches::build(w.shape, &a)
+    }
+
+    /// The launches with every address 0: for checking a shape against tiles.
+    pub fn unbound(shape: GdnShape, nvfp4: bool) -> GdnLaunches {
+        GdnLaunches::build(shape, &Addresses { x: 0, y: 0, w: [0; 8], nvfp4, st: [0; 2], s: [0; 6] })
+    }
+
+    fn build(sh: GdnShape, a: &Addresses) -> GdnLaunches {
+        fn r<T>(addr: u64) -> DevPtr<T> {
+            DevPtr::from_addr(addr)
+        }
+        fn w<T>(addr: u64) -> DevPtrMut<T> {
+            DevPtrMut::from_addr(addr)
+        }
+        let u = |v: usize| v as u32;
+        let [in_proj, in_scales, in_scale2, conv, a_log, dt_bias, norm, out_proj] = a.w;
+        let [conv_hist, state] = a.st;
+        let [proj, o, head_counters, normed, out_partial, out_counters] = a.s;
+        let in_proj = if a.nvfp4 {
+            InProj::Nvfp4(gdn_in_proj_nvfp4::Args {
+                packed: r(in_proj),
+                scales: r(in_scales),
+                scale2: r(in_scale2),
+                x: r(a.x),
+                conv_w: r(conv),
+                a_log: r(a_log),
+                dt_bias: r(dt_bias),
+                conv_hist: w(conv_hist),
+                proj: w(proj),
+                conv_dim: u(sh.conv_dim()),
+                z_dim: u(sh.z_dim()),
+                heads: u(sh.value_heads),
+                hidden: u(sh.hidden),
+            })
+        } else {
+            InProj::Bf16(gdn_in_proj_bf16::Args {
+                w: r(in_proj),
+                x: r(a.x),
+                conv_w: r(conv),
+                a_log: r(a_log),
+                dt_bias: r(dt_bias),
+                conv_hist: w(conv_hist),
+                proj: w(proj),
+                conv_dim: u(sh.conv_dim()),
+                z_dim: u(sh.z_dim()),
+                heads: u(sh.value_heads),
+                hidden: u(sh.hidden),
+            })
+        };
+        GdnLaunches {
+            in_proj,
+            state_update: gdn_state_update::Args {
+                proj: r(proj),
+                norm_w: r(norm),
+                state: w(state),
+                o: w(o),
+                counters: w(head_counters),
+                y: w(normed),
+                key_heads: u(sh.key_heads),
+                value_heads: u(sh.value_heads),
+                dk: u(sh.key_dim),
+                dv: u(sh.value_dim),
+                eps: sh.eps,
+                sigmoid_gate: sh.sigmoid_gate,
+            },
+            out_proj: gemv_bf16::Args {
+                w: r(out_proj),
+                x: r(normed),
+                y: w(a.y),
+                partial: w(out_partial),
+                counters: w(out_counters),
+                rows: u(sh.hidden),
+                cols: u(sh.z_dim()),
+            },
+        }
+    }
+
+    /// Enqueues one of the three launches.
+    ///
+    /// # Safety
+    /// The launches were built by [`GdnLaunches::new`] from buffers that are still alive, with
+    /// `x` and `y` addressing `hidden` bf16 elements that overlap neither weights, state nor
+    /// scratch.
+    pub unsafe fn enqueue_stage(&self, gpu: &Gpu, k: &GdnKernels, stage: Stage) -> Result<()> {
+        // SAFETY: every buffer behind the arguments was sized from the shape when it was made (the
+        // upload checks the weights' lengths against it); the caller vouches for x, y and liveness.
+        unsafe {
+            match stage {
+                Stage::InProj => match &self.in_proj {
+                    InProj::Bf16(a) => k.in_proj.launch(gpu, a),
+                    InProj::Nvfp4(a) => k.in_proj_nvfp4.launch(gpu, a),
+                },
+                Stage::StateUpdate => k.state_update.launch(gpu, &self.state_update),
+                Stage::OutProj => k.out_proj.launch(gpu, &self.out_proj),
+            }
+        }
+    }
+
+    /// Enqueues the pass: in_proj, state update, out_proj.
+    ///
+    /// # Safety
+    /// As for [`GdnLaunches::enqueue_stage`].
+    pub unsafe fn enqueue(&self, gpu: &Gpu, k: &GdnKernels) -> Result<()> {
+        for stage in [Stage::InProj, Stage::StateUpdate, Stage::OutProj] {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.enqueue_stage(gpu, k, stage) }?;
+        }
+        Ok(())
+    }
+}
+
+/// Enqueues one GDN pass: y = GDN(x), the state carried on; three launches, nothing read back.
+///
+/// # Safety
+/// `x` and `y` must address `hidden` live bf16 elements on this device, not overlapping the
+/// weights, the state or the scratch.
+pub unsafe fn enqueue(
+    gpu: &Gpu,
+    k: &GdnKernels,
+    w: &GdnWeightsOnDevice,
+    st: &mut GdnStateOnDevice,
+    s: &mut GdnScratch,
+    x: DevPtr<bf16>,
+    y: DevPtrMut<bf16>,
+) -> Result<()> {
+    let launches = GdnLaunches::new(w, st, s, x, y);
+    // SAFETY: the buffers outlive the enqueue; the caller vouches for x and y.
+    unsafe { launches.enqueue(gpu, k) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PUBLISHED: GdnShape = GdnShape {
+        hidden: 2560,
+        key_heads: 16,
+        value_heads: 48,
+        key_dim: 128,
+        value_dim: 128,
+        eps: 1e-6,
+        sigmoid_gate: true,
+    };
+
+    #[test]
+    fn published_shape_sizes() {
+        assert_eq!(PUBLISHED.conv_dim(), 10240);
+        assert_eq!(PUBLISHED.in_rows(), 10240 + 6144 + 96);
+        // 3 MiB of state per layer.
+        assert_eq!(4 * PUBLISHED.state_len(), 3 << 20);
+        // The state update moves the state twice (6.29 MB) and ~0.2 MB of vectors.
+        let b = PUBLISHED.state_update_bytes() as f64;
+        assert!((6.29e6..6.6e6).contains(&b), "{b}");
+        // ~58 M bf16 weights: ~116 MB, plus the state.
+        let l = PUBLISHED.layer_bytes(false) as f64;
+        assert!((122e6..124e6).contains(&l), "{l}");
+        // The 42 M input-projection values at 0.5625 B instead of 2.
+        let saved = (PUBLISHED.layer_bytes(false) - PUBLISHED.layer_bytes(true)) as f64;
+        assert!((saved - 16480.0 * 2560.0 * 1.4375).abs() < 100.0, "{saved}");
+        assert!(PUBLISHED.layer_bytes_all_nvfp4() < PUBLISHED.layer_bytes(true));
+    }
+
+    #[test]
+    fn default_tiles_fit_the_published_shape() {
+        GdnTiles::default().check(PUBLISHED, false).expect("default tiles, bf16");
+        GdnTiles::default().check(PUBLISHED, true).expect("default tiles, NVFP4");
+    }
+}
