@@ -232,8 +232,9 @@ fn gdn_tiny_every_tile_candidate_matches_the_reference() {
     let tiles = tile_variants(TINY, false);
     println!("tiny shape, bf16: {} tile sets", tiles.len());
     case(&gpu, &mut rng, TINY, false, &tiles);
-    // The SiLU output gate (a config without output_gate_type).
-    case(&gpu, &mut rng, GdnShape { sigmoid_gate: false, ..TINY }, false, &[GdnTiles::default()]);
+    // The SiLU output gate (a config without output_gate_type), at the first tile set that fits
+    // (the defaults are tuned for the published head size, which the tiny shape does not have).
+    case(&gpu, &mut rng, GdnShape { sigmoid_gate: false, ..TINY }, false, &tiles[..1]);
 }
 
 #[test]

@@ -304,7 +304,9 @@ impl Default for GdnTiles {
             in_proj: TileSet::DEFAULT,
             in_proj_nvfp4: TileSet::DEFAULT,
             state_update: TileSet::DEFAULT,
-            out_proj: TileSet::DEFAULT,
+            // out_proj is 2560 × 6144: split K four ways so its 320 row tiles fill the SMs
+            // (H200, benches/gdn.rs: 10.5 µs against 15.1 µs unsplit).
+            out_proj: gemv_bf16::Tiles { k_split: 4, ..TileSet::DEFAULT },
         }
     }
 }

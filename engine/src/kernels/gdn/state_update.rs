@@ -37,9 +37,9 @@ use kernel_macros::kernel;
     ),
 )]
 pub fn gdn_state_update(
-    #[tile(default = 8, candidates = [4, 8, 16, 32])] COL_LANES: u32,
-    #[tile(default = 16, candidates = [8, 16])] ROW_SPLIT: u32,
-    #[tile(default = 8, candidates = [4, 8, 16])] RPT: u32,
+    #[tile(default = 16, candidates = [4, 8, 16, 32])] COL_LANES: u32,
+    #[tile(default = 8, candidates = [8, 16])] ROW_SPLIT: u32,
+    #[tile(default = 16, candidates = [4, 8, 16])] RPT: u32,
     proj: &[f32],
     norm_w: &[bf16],
     state: &mut [f32],
