@@ -69,19 +69,28 @@ __device__ __forceinline__ uint4 ld_stream_u32x4(const void* p) {
     return r;
 }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_bf16(
-    const bf16* __restrict__ w,
-    const bf16* __restrict__ x,
-    const bf16* __restrict__ conv_w,
-    const float* __restrict__ a_log,
-    const float* __restrict__ dt_bias,
-    float* __restrict__ conv_hist,
-    float* __restrict__ proj,
+    const bf16* w,
+    const bf16* x,
+    const bf16* conv_w,
+    const float* a_log,
+    const float* dt_bias,
+    float* conv_hist,
+    float* proj,
     const unsigned conv_dim,
     const unsigned z_dim,
     const unsigned heads,
     const unsigned hidden)
 {
+    grid_dependency_wait();
+    launch_dependents();
     const unsigned rows = conv_dim + z_dim + 2u * heads;
     const unsigned row0 = (blockIdx.x * 4u + (threadIdx.x >> 5)) * 2u;
     if (row0 < rows) {

@@ -73,21 +73,30 @@ __device__ __forceinline__ uint2 ld_stream_u32x2(const void* p) {
     return r;
 }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
-    const fp4x2_e2m1* __restrict__ packed,
-    const fp8_e4m3* __restrict__ scales,
-    const float* __restrict__ scale2,
-    const bf16* __restrict__ x,
-    const bf16* __restrict__ conv_w,
-    const float* __restrict__ a_log,
-    const float* __restrict__ dt_bias,
-    float* __restrict__ conv_hist,
-    float* __restrict__ proj,
+    const fp4x2_e2m1* packed,
+    const fp8_e4m3* scales,
+    const float* scale2,
+    const bf16* x,
+    const bf16* conv_w,
+    const float* a_log,
+    const float* dt_bias,
+    float* conv_hist,
+    float* proj,
     const unsigned conv_dim,
     const unsigned z_dim,
     const unsigned heads,
     const unsigned hidden)
 {
+    grid_dependency_wait();
+    launch_dependents();
     __shared__ __align__(16) float xs[4096];
     for (unsigned i = threadIdx.x; i < hidden; i += 128u) {
         xs[i] = bf16_to_f32(x[i]);

@@ -21,6 +21,9 @@
 // shuffles inside a warp, then the warps' partials added in warp order through shared memory):
 // deterministic. Every block recomputes the two l2 norms (2·dk floats from L2, cheap).
 //
+// The kernel overlaps its predecessor (programmatic dependent launch): the state loads come
+// before `grid_dependency_wait()`, everything that reads `proj` or writes comes after.
+//
 // o_h goes to `o` in f32; the last slice block of a head to finish (a counter per head in
 // `counters` [Hv], zero before the first launch and left zero) reads the head's o back from L2
 // and writes y_h in bf16: the input of out_proj.
@@ -67,13 +70,20 @@ __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) gdn_state_update(
-    const float* __restrict__ proj,
-    const bf16* __restrict__ norm_w,
-    float* __restrict__ state,
-    float* __restrict__ o,
-    unsigned* __restrict__ counters,
-    bf16* __restrict__ y,
+    const float* proj,
+    const bf16* norm_w,
+    float* state,
+    float* o,
+    unsigned* counters,
+    bf16* y,
     const unsigned key_heads,
     const unsigned value_heads,
     const unsigned dk,
@@ -108,6 +118,8 @@ extern "C" __global__ void __launch_bounds__(128) gdn_state_update(
         s2[r] = v.z;
         s3[r] = v.w;
     }
+    grid_dependency_wait();
+    launch_dependents();
     float kr[16] = {};
     float qr[16] = {};
     float k_sq = 0.0f;

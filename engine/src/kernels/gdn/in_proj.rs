@@ -40,6 +40,9 @@ pub fn gdn_in_proj_bf16(
     heads: u32,
     hidden: u32,
 ) {
+    // Overlaps its predecessor (x is its output), and lets the state update start early.
+    grid_dependency_wait();
+    launch_dependents();
     let rows = conv_dim + z_dim + 2 * heads;
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
     // The whole warp agrees on this test, so its shuffles below see every lane.
@@ -120,6 +123,9 @@ pub fn gdn_in_proj_nvfp4(
     heads: u32,
     hidden: u32,
 ) {
+    // Overlaps its predecessor (x is its output), and lets the state update start early.
+    grid_dependency_wait();
+    launch_dependents();
     let xs = shared::<f32, 4096>();
     for i in (thread_idx()..hidden).step_by(32 * WARPS) {
         xs[i] = x[i] as f32;

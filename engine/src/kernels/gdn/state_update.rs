@@ -22,6 +22,9 @@ use kernel_macros::kernel;
 /// shuffles inside a warp, then the warps' partials added in warp order through shared memory):
 /// deterministic. Every block recomputes the two l2 norms (2·dk floats from L2, cheap).
 ///
+/// The kernel overlaps its predecessor (programmatic dependent launch): the state loads come
+/// before `grid_dependency_wait()`, everything that reads `proj` or writes comes after.
+///
 /// o_h goes to `o` in f32; the last slice block of a head to finish (a counter per head in
 /// `counters` [Hv], zero before the first launch and left zero) reads the head's o back from L2
 /// and writes y_h in bf16: the input of out_proj.
@@ -83,6 +86,12 @@ pub fn gdn_state_update(
         s2[r] = v.z;
         s3[r] = v.w;
     }
+
+    // Overlapped launch: the state was last written by this kernel a token ago (at least two
+    // launches back), so its loads above may run while the input projection still runs; proj,
+    // written by that projection, is read only after the wait.
+    grid_dependency_wait();
+    launch_dependents();
 
     // k̂ and q̂ on this thread's rows; the sums of squares over all dk rows (one column lane adds).
     let mut kr = [0.0; RPT];
