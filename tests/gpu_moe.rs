@@ -60,6 +60,17 @@ impl Block {
         }
     }
 
+    /// Makes expert 2i + 1's router row a copy of expert 2i's, so every pair ties: the router
+    /// must then take the lower expert of a pair first, as the reference does.
+    fn with_tied_pairs(mut self) -> Block {
+        let d = self.shape.hidden;
+        for pair in 0..self.shape.experts / 2 {
+            let (a, b) = self.router.split_at_mut((2 * pair + 1) * d);
+            b[..d].copy_from_slice(&a[2 * pair * d..]);
+        }
+        self
+    }
+
     fn route(&self) -> Vec<(usize, f32)> {
         let router = Linear { rows: self.shape.experts, cols: self.shape.hidden, w: to_f32(&self.router), bias: None };
         reference::moe::route(&to_f32(&self.x), &router, self.shape.top_k, self.shape.renormalise)
@@ -152,8 +163,9 @@ fn check(
     assert!(same, "{label}: a second pass gave different bits");
 }
 
-fn nvfp4_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles]) {
+fn nvfp4_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles], ties: bool) {
     let b = Block::new(rng, shape);
+    let b = if ties { b.with_tied_pairs() } else { b };
     let (d, i, is) = (shape.hidden, shape.inter, shape.shared_inter);
     let expert = |rng: &mut Rng, inter: usize| ExpertNvfp4 {
         gate: random_nvfp4(rng, inter, d),
@@ -221,8 +233,11 @@ fn moe_nvfp4_matches_the_reference() {
     let mut rng = Rng::fresh("moe nvfp4");
     let tiny = tile_variants(TINY);
     println!("tiny shape: {} tile sets", tiny.len());
-    nvfp4_case(&gpu, &mut rng, TINY, &tiny);
-    nvfp4_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()]);
+    nvfp4_case(&gpu, &mut rng, TINY, &tiny, false);
+    nvfp4_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()], false);
+    // Tied logits in pairs: the lower expert first, at both shapes.
+    nvfp4_case(&gpu, &mut rng, TINY, &[MoeTiles::default()], true);
+    nvfp4_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()], true);
 }
 
 #[test]

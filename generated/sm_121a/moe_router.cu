@@ -12,10 +12,10 @@
 // pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
 // grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 // the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
-// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax
-// (probability descending, the lower expert first on ties), the routing weights (renormalised to
-// sum to 1 when `renormalise`), and σ(shared_gate·x) in `weights[top_k]`. Nothing comes back to
-// the host.
+// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax, each
+// two `redux.sync` reductions (probability descending, the lower expert first on ties), the
+// routing weights (renormalised to sum to 1 when `renormalise`), and σ(shared_gate·x) in
+// `weights[top_k]`. Nothing comes back to the host.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
@@ -234,16 +234,10 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
                 bi = (threadIdx.x & 31u) + 32u * j;
             }
         }
-        unsigned offset = 16u;
-        while (offset > 0u) {
-            const float op = __shfl_xor_sync(0xffffffffu, bp, offset);
-            const unsigned oi = __shfl_xor_sync(0xffffffffu, bi, offset);
-            if (op > bp || (op == bp && oi < bi)) {
-                bp = op;
-                bi = oi;
-            }
-            offset = offset >> 1u;
-        }
+        const unsigned bits = bp >= 0.0f ? __float_as_uint(bp) : 0u;
+        const unsigned best_bits = __reduce_max_sync(0xffffffffu, bits);
+        bi = __reduce_min_sync(0xffffffffu, bits == best_bits ? bi : 0xffffffffu);
+        bp = __uint_as_float(best_bits);
         #pragma unroll
         for (unsigned j = 0u; j < 16u; ++j) {
             if ((threadIdx.x & 31u) + 32u * j == bi) {

@@ -40,6 +40,10 @@ pub enum Intrinsic {
     Shfl,
     WarpSum,
     WarpMax,
+    /// The largest and smallest u32 over the warp's 32 lanes in one instruction (`redux.sync`,
+    /// sm_80+); every lane gets it.
+    WarpMaxU32,
+    WarpMinU32,
     BlockSum,
     BlockMax,
     // f32 math.
@@ -126,6 +130,8 @@ impl Intrinsic {
             "shfl" => plain(Intrinsic::Shfl),
             "warp_sum" => plain(Intrinsic::WarpSum),
             "warp_max" => plain(Intrinsic::WarpMax),
+            "warp_max_u32" => plain(Intrinsic::WarpMaxU32),
+            "warp_min_u32" => plain(Intrinsic::WarpMinU32),
             "block_sum" => plain(Intrinsic::BlockSum),
             "block_max" => plain(Intrinsic::BlockMax),
             "exp" => plain(Intrinsic::Exp),
@@ -287,6 +293,11 @@ impl Intrinsic {
                 arity(1)?;
                 want(0, f32)?;
                 sig(vec![f32], f32)
+            }
+            I::WarpMaxU32 | I::WarpMinU32 => {
+                arity(1)?;
+                want(0, u32)?;
+                sig(vec![u32], u32)
             }
             I::BlockSum | I::BlockMax => {
                 arity(2)?;

@@ -615,6 +615,8 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::Shfl => format!("__shfl_sync(0xffffffffu, {}, {})", a[0], a[1]),
         I::WarpSum => join("warp_sum"),
         I::WarpMax => join("warp_max"),
+        I::WarpMaxU32 => format!("__reduce_max_sync(0xffffffffu, {})", a[0]),
+        I::WarpMinU32 => format!("__reduce_min_sync(0xffffffffu, {})", a[0]),
         I::BlockSum => join("block_sum"),
         I::BlockMax => join("block_max"),
         I::Exp => join("expf"),

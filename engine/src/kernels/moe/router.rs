@@ -12,10 +12,10 @@ use kernel_macros::kernel;
 /// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
 /// grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 /// the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
-/// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax
-/// (probability descending, the lower expert first on ties), the routing weights (renormalised to
-/// sum to 1 when `renormalise`), and σ(shared_gate·x) in `weights[top_k]`. Nothing comes back to
-/// the host.
+/// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax, each
+/// two `redux.sync` reductions (probability descending, the lower expert first on ties), the
+/// routing weights (renormalised to sum to 1 when `renormalise`), and σ(shared_gate·x) in
+/// `weights[top_k]`. Nothing comes back to the host.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(experts + 1, WARPS),
@@ -172,16 +172,14 @@ pub fn moe_router(
                 bi = lane_id() + 32 * j;
             }
         }
-        let mut offset = 16;
-        while offset > 0 {
-            let op = shfl_xor(bp, offset);
-            let oi = shfl_xor(bi, offset);
-            if op > bp || (op == bp && oi < bi) {
-                bp = op;
-                bi = oi;
-            }
-            offset = offset >> 1;
-        }
+        // The warp's best in two single-instruction reductions: probabilities are ≥ 0 (the
+        // struck and absent entries' −1 counts as 0 here, and such a lane's index is `experts`),
+        // so their bits order like their values; then the lowest index among the lanes that
+        // hold the best value.
+        let bits = if bp >= 0.0 { bp.to_bits() } else { 0 };
+        let best_bits = warp_max_u32(bits);
+        bi = warp_min_u32(if bits == best_bits { bi } else { 0xffffffff });
+        bp = f32::from_bits(best_bits);
         // Every lane holds the winner now; its owner strikes it.
         #[unroll]
         for j in 0..PER_LANE {
