@@ -1,0 +1,272 @@
+//! The Gated Residual read ("hyper-connection" mix) in two launches, with the previous block's
+//! write (`hc_post`, `X_s += ω_s · y`) folded into its reading of the residual streams.
+//!
+//! Launch 1 ([`mix_down_bf16`]) is a split-K GEMV over the n·d inputs of `[W_down; W_inj]`, every
+//! SM streaming its share; its last block reduces the splits into u and ω. Launch 2
+//! ([`mix_up_bf16`]) is the r → n·d GEMV with the gate, the stream mean and the write-back of the
+//! updated streams in its epilogue. The per-stream RMS scale is a factor of each stream's part
+//! of a dot product, so launch 1 sums `W·(X ⊙ (1 + w))` per stream slice and applies the scale
+//! once, in the reduction: no block needs a whole stream.
+//!
+//! The residual streams are bf16, as the reference model stores them: the write is
+//! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
+//! thread that reads X, and stored once, by the launch-2 lane that owns the element.
+
+use kernel_macros::kernel;
+
+/// Launch 1 of a mix site: `partial[split, row] = Σ_{k in split} P[row, k] · X'[k] · (1 + w[k])`
+/// for the stacked projection P = `[W_down; W_inj]` [rank + inject, n·d] (bf16), where
+/// `X' = bf16(fma(gains_prev[s], y, X_s))` when `post` (the previous block's write) and X otherwise.
+///
+/// Each warp owns ROWS consecutive rows; blockIdx.y takes one of K_SPLIT column slices, each inside
+/// one stream (K_SPLIT is a multiple of n), so that every SM streams weights. Lanes take 8 columns
+/// (16 bytes of every row) per step, UNROLL steps in flight, and turn X, y and the norm weight into
+/// f32 once for all ROWS rows. Block 0's warp 0 also sums X'² over its slice (`sum_sq[split]`).
+///
+/// The last block to finish (a counter in `counter[0]`, zero before the first launch and put back
+/// to zero) adds the partials in split order, stream by stream, each stream's sum times its RMS
+/// scale `rsqrt(Σ X'² / d + eps)`: `u = SiLU(v / n)` for the W_down rows, `gains = 2σ(v / n)` for
+/// the W_inj rows, and the scales themselves for launch 2. A fixed order throughout: the same bits
+/// on every run, and graph replays find the counter as the first launch did.
+#[kernel(
+    block = 32 * WARPS,
+    grid = (div_ceil(rank + inject, WARPS * ROWS), K_SPLIT),
+    require(
+        K_SPLIT % n == 0,
+        (n * d) % (K_SPLIT * 8) == 0,
+        rank % ROWS == 0,
+        inject % ROWS == 0,
+    ),
+)]
+pub fn mix_down_bf16(
+    #[tile(default = 4, candidates = [2, 4])] ROWS: u32,
+    #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
+    #[tile(default = 8, candidates = [4, 8, 16])] K_SPLIT: u32,
+    #[tile(default = 4, candidates = [2, 4])] UNROLL: u32,
+    residual: &[bf16],
+    y: &[bf16],
+    gains_prev: &[f32],
+    norm: &[bf16],
+    proj: &[bf16],
+    partial: &mut [f32],
+    sum_sq: &mut [f32],
+    counter: &mut [u32],
+    u: &mut [f32],
+    gains: &mut [f32],
+    scale: &mut [f32],
+    n: u32,
+    d: u32,
+    rank: u32,
+    inject: u32,
+    post: bool,
+    eps: f32,
+) {
+    let split = block_idx_y();
+    let rows = rank + inject;
+    let cols = n * d;
+    let k_len = cols / K_SPLIT;
+    let k_begin = split * k_len;
+    let stream = k_begin / d;
+    let omega = if post { gains_prev[stream] } else { 0.0 };
+    let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
+    // Whole warps past the last row still take part in the block's barriers below.
+    let active = row0 < rows;
+
+    let mut acc = [0.0; ROWS];
+    let mut sq = 0.0;
+    if active {
+        #[unroll(UNROLL)]
+        for k in (k_begin + lane_id() * 8..k_begin + k_len).step_by(256) {
+            let xv = load_vec::<u32x4>(residual, k);
+            let mut x0 = bf16x2_to_f32x2(xv.x);
+            let mut x1 = bf16x2_to_f32x2(xv.y);
+            let mut x2 = bf16x2_to_f32x2(xv.z);
+            let mut x3 = bf16x2_to_f32x2(xv.w);
+            if post {
+                // The previous block's write, rounded to bf16 as the streams are stored.
+                let yv = load_vec::<u32x4>(y, k - stream * d);
+                let (y0, y1) = (bf16x2_to_f32x2(yv.x), bf16x2_to_f32x2(yv.y));
+                let (y2, y3) = (bf16x2_to_f32x2(yv.z), bf16x2_to_f32x2(yv.w));
+                x0 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y0.x, x0.x), fma(omega, y0.y, x0.y)));
+                x1 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y1.x, x1.x), fma(omega, y1.y, x1.y)));
+                x2 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y2.x, x2.x), fma(omega, y2.y, x2.y)));
+                x3 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y3.x, x3.x), fma(omega, y3.y, x3.y)));
+            }
+            sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
+            sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
+            // X ⊙ (1 + w): the normed input without its per-stream scale.
+            let wv = load_vec::<u32x4>(norm, k);
+            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+            let (h0, h1) = (x0.x * (1.0 + w0.x), x0.y * (1.0 + w0.y));
+            let (h2, h3) = (x1.x * (1.0 + w1.x), x1.y * (1.0 + w1.y));
+            let (h4, h5) = (x2.x * (1.0 + w2.x), x2.y * (1.0 + w2.y));
+            let (h6, h7) = (x3.x * (1.0 + w3.x), x3.y * (1.0 + w3.y));
+            #[unroll]
+            for r in 0..ROWS {
+                let pv = load_stream::<u32x4>(proj, (row0 + r) * cols + k);
+                let (p0, p1) = (bf16x2_to_f32x2(pv.x), bf16x2_to_f32x2(pv.y));
+                let (p2, p3) = (bf16x2_to_f32x2(pv.z), bf16x2_to_f32x2(pv.w));
+                let mut s = acc[r];
+                s = fma(p0.x, h0, s);
+                s = fma(p0.y, h1, s);
+                s = fma(p1.x, h2, s);
+                s = fma(p1.y, h3, s);
+                s = fma(p2.x, h4, s);
+                s = fma(p2.y, h5, s);
+                s = fma(p3.x, h6, s);
+                acc[r] = fma(p3.y, h7, s);
+            }
+        }
+    }
+    #[unroll]
+    for r in 0..ROWS {
+        acc[r] = warp_sum(acc[r]);
+    }
+    let sq_total = warp_sum(sq);
+    if active && lane_id() == 0 {
+        #[unroll]
+        for r in 0..ROWS {
+            partial[split * rows + row0 + r] = acc[r];
+        }
+    }
+    if block_idx() == 0 && thread_idx() == 0 {
+        sum_sq[split] = sq_total;
+    }
+
+    // Publish the partials before counting this block in; the last one reduces.
+    thread_fence();
+    sync_threads();
+    let last = shared::<u32, 1>();
+    if thread_idx() == 0 {
+        let arrived = atomic_add(counter, 0, 1);
+        last[0] = if arrived == grid_dim() * grid_dim_y() - 1 { 1 } else { 0 };
+    }
+    sync_threads();
+    if last[0] == 1 {
+        let per_stream = K_SPLIT / n;
+        for row in (thread_idx()..rows).step_by(32 * WARPS) {
+            let mut v = 0.0;
+            for s in 0..n {
+                let mut ss = 0.0;
+                let mut p = 0.0;
+                for j in 0..per_stream {
+                    ss += load_cg(sum_sq, s * per_stream + j);
+                    p += load_cg(partial, (s * per_stream + j) * rows + row);
+                }
+                v += p * rsqrt(ss / d as f32 + eps);
+            }
+            v = v / n as f32;
+            if row < rank {
+                u[row] = silu(v);
+            } else {
+                gains[row - rank] = 2.0 * sigmoid(v);
+            }
+        }
+        if thread_idx() < n {
+            let mut ss = 0.0;
+            for j in 0..per_stream {
+                ss += load_cg(sum_sq, thread_idx() * per_stream + j);
+            }
+            scale[thread_idx()] = rsqrt(ss / d as f32 + eps);
+        }
+        if thread_idx() == 0 {
+            counter[0] = 0;
+        }
+    }
+}
+
+/// Launch 2 of a mix site: `G = σ(W_up · u)` (W_up bf16 [n·d, rank], u f32 [rank]) and
+/// `x[j] = (1/n) Σ_s G[s·d + j] · X'[s·d + j] · scale[s] · (1 + w[s·d + j])`, written in bf16.
+/// When `post`, X' = bf16(fma(gains_prev[s], y[j], X)) is also stored back into `residual`.
+///
+/// A group of LANES lanes takes one row of W_up (lanes stream 8 weights, 16 bytes, per step); the
+/// n rows of one column j are n adjacent groups of one warp, so the stream mean is a butterfly
+/// over the groups, in a fixed order. Each element of the streams is read and written by its own
+/// group only, and written after the warp's last shuffle, when every lane has read it.
+#[kernel(
+    block = 32 * WARPS,
+    grid = div_ceil(n * d, WARPS * (32 / LANES)),
+    require(32 % (n * LANES) == 0, rank % (8 * LANES) == 0),
+)]
+pub fn mix_up_bf16(
+    #[tile(default = 8, candidates = [2, 4, 8])] LANES: u32,
+    #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
+    #[tile(default = 4, candidates = [2, 4, 8])] UNROLL: u32,
+    residual: &mut [bf16],
+    y: &[bf16],
+    gains_prev: &[f32],
+    norm: &[bf16],
+    up: &[bf16],
+    u: &[f32],
+    scale: &[f32],
+    x: &mut [bf16],
+    n: u32,
+    d: u32,
+    rank: u32,
+    post: bool,
+) {
+    let group = (block_idx() * WARPS + warp_id()) * (32 / LANES) + lane_id() / LANES;
+    let lane = lane_id() % LANES;
+    let j = group / n;
+    let s = group % n;
+    let row = s * d + j;
+    let active = j < d;
+
+    let mut acc = 0.0;
+    if active {
+        #[unroll(UNROLL)]
+        for c in (lane * 8..rank).step_by(8 * LANES) {
+            let wv = load_stream::<u32x4>(up, row * rank + c);
+            let ua = load_vec::<f32x4>(u, c);
+            let ub = load_vec::<f32x4>(u, c + 4);
+            let (a0, a1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+            let (a2, a3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+            acc = fma(a0.x, ua.x, acc);
+            acc = fma(a0.y, ua.y, acc);
+            acc = fma(a1.x, ua.z, acc);
+            acc = fma(a1.y, ua.w, acc);
+            acc = fma(a2.x, ub.x, acc);
+            acc = fma(a2.y, ub.y, acc);
+            acc = fma(a3.x, ub.z, acc);
+            acc = fma(a3.y, ub.w, acc);
+        }
+    }
+    // The row's dot product over its LANES lanes (offsets below LANES stay inside the group).
+    #[unroll]
+    for i in 0..5 {
+        let offset = 16 >> i;
+        if offset < LANES {
+            acc += shfl_xor(acc, offset);
+        }
+    }
+
+    let mut term = 0.0;
+    let mut stream_value = 0.0;
+    if active {
+        stream_value = residual[row] as f32;
+        if post {
+            stream_value = (fma(gains_prev[s], y[j] as f32, stream_value) as bf16) as f32;
+        }
+        let normed = stream_value * scale[s] * (1.0 + norm[row] as f32);
+        term = sigmoid(acc) * normed;
+    }
+    // Σ over the n groups of column j: adjacent groups, offsets LANES .. n·LANES/2 (n is a power of
+    // two and n·LANES divides 32, so the sum stays inside the column's lanes; the same on every
+    // lane of the warp, so every lane takes part in every shuffle).
+    #[unroll]
+    for i in 0..5 {
+        let offset = 16 >> i;
+        if offset >= LANES && offset < n * LANES {
+            term += shfl_xor(term, offset);
+        }
+    }
+    if active && lane == 0 {
+        if post {
+            residual[row] = stream_value as bf16;
+        }
+        if s == 0 {
+            x[j] = (term / n as f32) as bf16;
+        }
+    }
+}
