@@ -24,8 +24,8 @@ use kernel_macros::kernel;
 /// f32 once for all ROWS rows. Block 0's warp 0 also sums X'² over its slice (`sum_sq[split]`).
 ///
 /// The last block to finish (a counter in `counter[0]`, zero before the first launch and put back
-/// to zero) adds the partials in split order, stream by stream, each stream's sum times its RMS
-/// scale `rsqrt(Σ X'² / d + eps)`: `u = SiLU(v / n)` for the W_down rows, `gains = 2σ(v / n)` for
+/// to zero) adds the partials in split order, each times the RMS scale of its stream
+/// `rsqrt(Σ X'² / d + eps)` (the stream's `sum_sq` added in split order): `u = SiLU(v / n)` for the W_down rows, `gains = 2σ(v / n)` for
 /// the W_inj rows, and the scales themselves for launch 2. A fixed order throughout: the same bits
 /// on every run, and graph replays find the counter as the first launch did.
 #[kernel(
@@ -34,6 +34,7 @@ use kernel_macros::kernel;
     require(
         K_SPLIT % n == 0,
         (n * d) % (K_SPLIT * 8) == 0,
+        32 * WARPS >= K_SPLIT,
         rank % ROWS == 0,
         inject % ROWS == 0,
     ),
@@ -41,7 +42,7 @@ use kernel_macros::kernel;
 pub fn mix_down_bf16(
     #[tile(default = 4, candidates = [2, 4])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 8, candidates = [4, 8, 16])] K_SPLIT: u32,
+    #[tile(default = 16, candidates = [4, 8, 16])] K_SPLIT: u32,
     #[tile(default = 4, candidates = [2, 4])] UNROLL: u32,
     residual: &[bf16],
     y: &[bf16],
@@ -74,48 +75,66 @@ pub fn mix_down_bf16(
 
     let mut acc = [0.0; ROWS];
     let mut sq = 0.0;
+    let end = k_begin + k_len;
     if active {
-        #[unroll(UNROLL)]
-        for k in (k_begin + lane_id() * 8..k_begin + k_len).step_by(256) {
-            let xv = load_vec::<u32x4>(residual, k);
-            let mut x0 = bf16x2_to_f32x2(xv.x);
-            let mut x1 = bf16x2_to_f32x2(xv.y);
-            let mut x2 = bf16x2_to_f32x2(xv.z);
-            let mut x3 = bf16x2_to_f32x2(xv.w);
-            if post {
-                // The previous block's write, rounded to bf16 as the streams are stored.
-                let yv = load_vec::<u32x4>(y, k - stream * d);
-                let (y0, y1) = (bf16x2_to_f32x2(yv.x), bf16x2_to_f32x2(yv.y));
-                let (y2, y3) = (bf16x2_to_f32x2(yv.z), bf16x2_to_f32x2(yv.w));
-                x0 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y0.x, x0.x), fma(omega, y0.y, x0.y)));
-                x1 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y1.x, x1.x), fma(omega, y1.y, x1.y)));
-                x2 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y2.x, x2.x), fma(omega, y2.y, x2.y)));
-                x3 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y3.x, x3.x), fma(omega, y3.y, x3.y)));
-            }
-            sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
-            sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
-            // X ⊙ (1 + w): the normed input without its per-stream scale.
-            let wv = load_vec::<u32x4>(norm, k);
-            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-            let (h0, h1) = (x0.x * (1.0 + w0.x), x0.y * (1.0 + w0.y));
-            let (h2, h3) = (x1.x * (1.0 + w1.x), x1.y * (1.0 + w1.y));
-            let (h4, h5) = (x2.x * (1.0 + w2.x), x2.y * (1.0 + w2.y));
-            let (h6, h7) = (x3.x * (1.0 + w3.x), x3.y * (1.0 + w3.y));
+        for k0 in (k_begin + lane_id() * 8..end).step_by(256 * UNROLL) {
+            // The weights of UNROLL steps first: ROWS·UNROLL 16-byte loads in flight per lane.
+            let mut wbuf = [u32x4(0, 0, 0, 0); ROWS * UNROLL];
             #[unroll]
-            for r in 0..ROWS {
-                let pv = load_stream::<u32x4>(proj, (row0 + r) * cols + k);
-                let (p0, p1) = (bf16x2_to_f32x2(pv.x), bf16x2_to_f32x2(pv.y));
-                let (p2, p3) = (bf16x2_to_f32x2(pv.z), bf16x2_to_f32x2(pv.w));
-                let mut s = acc[r];
-                s = fma(p0.x, h0, s);
-                s = fma(p0.y, h1, s);
-                s = fma(p1.x, h2, s);
-                s = fma(p1.y, h3, s);
-                s = fma(p2.x, h4, s);
-                s = fma(p2.y, h5, s);
-                s = fma(p3.x, h6, s);
-                acc[r] = fma(p3.y, h7, s);
+            for t in 0..UNROLL {
+                let k = k0 + t * 256;
+                if k < end {
+                    #[unroll]
+                    for r in 0..ROWS {
+                        wbuf[t * ROWS + r] = load_stream::<u32x4>(proj, (row0 + r) * cols + k);
+                    }
+                }
+            }
+            #[unroll]
+            for t in 0..UNROLL {
+                let k = k0 + t * 256;
+                if k < end {
+                    let xv = load_vec::<u32x4>(residual, k);
+                    let mut x0 = bf16x2_to_f32x2(xv.x);
+                    let mut x1 = bf16x2_to_f32x2(xv.y);
+                    let mut x2 = bf16x2_to_f32x2(xv.z);
+                    let mut x3 = bf16x2_to_f32x2(xv.w);
+                    if post {
+                        // The previous block's write, rounded to bf16 as the streams are stored.
+                        let yv = load_vec::<u32x4>(y, k - stream * d);
+                        let (y0, y1) = (bf16x2_to_f32x2(yv.x), bf16x2_to_f32x2(yv.y));
+                        let (y2, y3) = (bf16x2_to_f32x2(yv.z), bf16x2_to_f32x2(yv.w));
+                        x0 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y0.x, x0.x), fma(omega, y0.y, x0.y)));
+                        x1 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y1.x, x1.x), fma(omega, y1.y, x1.y)));
+                        x2 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y2.x, x2.x), fma(omega, y2.y, x2.y)));
+                        x3 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y3.x, x3.x), fma(omega, y3.y, x3.y)));
+                    }
+                    sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
+                    sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
+                    // X ⊙ (1 + w): the normed input without its per-stream scale.
+                    let wv = load_vec::<u32x4>(norm, k);
+                    let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+                    let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+                    let (h0, h1) = (x0.x * (1.0 + w0.x), x0.y * (1.0 + w0.y));
+                    let (h2, h3) = (x1.x * (1.0 + w1.x), x1.y * (1.0 + w1.y));
+                    let (h4, h5) = (x2.x * (1.0 + w2.x), x2.y * (1.0 + w2.y));
+                    let (h6, h7) = (x3.x * (1.0 + w3.x), x3.y * (1.0 + w3.y));
+                    #[unroll]
+                    for r in 0..ROWS {
+                        let pv = wbuf[t * ROWS + r];
+                        let (p0, p1) = (bf16x2_to_f32x2(pv.x), bf16x2_to_f32x2(pv.y));
+                        let (p2, p3) = (bf16x2_to_f32x2(pv.z), bf16x2_to_f32x2(pv.w));
+                        let mut s = acc[r];
+                        s = fma(p0.x, h0, s);
+                        s = fma(p0.y, h1, s);
+                        s = fma(p1.x, h2, s);
+                        s = fma(p1.y, h3, s);
+                        s = fma(p2.x, h4, s);
+                        s = fma(p2.y, h5, s);
+                        s = fma(p3.x, h6, s);
+                        acc[r] = fma(p3.y, h7, s);
+                    }
+                }
             }
         }
     }
@@ -144,17 +163,25 @@ pub fn mix_down_bf16(
     }
     sync_threads();
     if last[0] == 1 {
+        // Each split's RMS scale: that of its stream, from the stream's Σ X'² (split order).
         let per_stream = K_SPLIT / n;
+        let factor = shared::<f32, K_SPLIT>();
+        if thread_idx() < K_SPLIT {
+            let first = thread_idx() / per_stream * per_stream;
+            let mut ss = 0.0;
+            for i in 0..per_stream {
+                ss += load_cg(sum_sq, first + i);
+            }
+            factor[thread_idx()] = rsqrt(ss / d as f32 + eps);
+        }
+        sync_threads();
+        // A row's K_SPLIT loads are independent (the loop unrolls): one trip to L2 per two rows.
+        #[unroll(2)]
         for row in (thread_idx()..rows).step_by(32 * WARPS) {
             let mut v = 0.0;
-            for s in 0..n {
-                let mut ss = 0.0;
-                let mut p = 0.0;
-                for j in 0..per_stream {
-                    ss += load_cg(sum_sq, s * per_stream + j);
-                    p += load_cg(partial, (s * per_stream + j) * rows + row);
-                }
-                v += p * rsqrt(ss / d as f32 + eps);
+            #[unroll]
+            for j in 0..K_SPLIT {
+                v += load_cg(partial, j * rows + row) * factor[j];
             }
             v = v / n as f32;
             if row < rank {
@@ -164,11 +191,7 @@ pub fn mix_down_bf16(
             }
         }
         if thread_idx() < n {
-            let mut ss = 0.0;
-            for j in 0..per_stream {
-                ss += load_cg(sum_sq, thread_idx() * per_stream + j);
-            }
-            scale[thread_idx()] = rsqrt(ss / d as f32 + eps);
+            scale[thread_idx()] = factor[thread_idx() * per_stream];
         }
         if thread_idx() == 0 {
             counter[0] = 0;
@@ -192,7 +215,7 @@ pub fn mix_down_bf16(
 pub fn mix_up_bf16(
     #[tile(default = 8, candidates = [2, 4, 8])] LANES: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 4, candidates = [2, 4, 8])] UNROLL: u32,
+    #[tile(default = 8, candidates = [2, 4, 8])] UNROLL: u32,
     residual: &mut [bf16],
     y: &[bf16],
     gains_prev: &[f32],
@@ -213,23 +236,48 @@ pub fn mix_up_bf16(
     let row = s * d + j;
     let active = j < d;
 
+    // The epilogue's inputs first, so that their loads overlap the weights'.
+    let mut stream_value = 0.0;
+    let mut norm_scale = 0.0;
+    if active {
+        stream_value = residual[row] as f32;
+        if post {
+            stream_value = (fma(gains_prev[s], y[j] as f32, stream_value) as bf16) as f32;
+        }
+        norm_scale = scale[s] * (1.0 + norm[row] as f32);
+    }
+
     let mut acc = 0.0;
     if active {
-        #[unroll(UNROLL)]
-        for c in (lane * 8..rank).step_by(8 * LANES) {
-            let wv = load_stream::<u32x4>(up, row * rank + c);
-            let ua = load_vec::<f32x4>(u, c);
-            let ub = load_vec::<f32x4>(u, c + 4);
-            let (a0, a1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-            let (a2, a3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-            acc = fma(a0.x, ua.x, acc);
-            acc = fma(a0.y, ua.y, acc);
-            acc = fma(a1.x, ua.z, acc);
-            acc = fma(a1.y, ua.w, acc);
-            acc = fma(a2.x, ub.x, acc);
-            acc = fma(a2.y, ub.y, acc);
-            acc = fma(a3.x, ub.z, acc);
-            acc = fma(a3.y, ub.w, acc);
+        for c0 in (lane * 8..rank).step_by(8 * LANES * UNROLL) {
+            // The weights of UNROLL steps first: UNROLL 16-byte loads in flight per lane.
+            let mut wbuf = [u32x4(0, 0, 0, 0); UNROLL];
+            #[unroll]
+            for t in 0..UNROLL {
+                let c = c0 + t * 8 * LANES;
+                if c < rank {
+                    wbuf[t] = load_stream::<u32x4>(up, row * rank + c);
+                }
+            }
+            #[unroll]
+            for t in 0..UNROLL {
+                let c = c0 + t * 8 * LANES;
+                if c < rank {
+                    let wv = wbuf[t];
+                    let ua = load_vec::<f32x4>(u, c);
+                    let ub = load_vec::<f32x4>(u, c + 4);
+                    let (a0, a1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+                    let (a2, a3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+                    acc = fma(a0.x, ua.x, acc);
+                    acc = fma(a0.y, ua.y, acc);
+                    acc = fma(a1.x, ua.z, acc);
+                    acc = fma(a1.y, ua.w, acc);
+                    acc = fma(a2.x, ub.x, acc);
+                    acc = fma(a2.y, ub.y, acc);
+                    acc = fma(a3.x, ub.z, acc);
+                    acc = fma(a3.y, ub.w, acc);
+                }
+            }
         }
     }
     // The row's dot product over its LANES lanes (offsets below LANES stay inside the group).
@@ -242,14 +290,8 @@ pub fn mix_up_bf16(
     }
 
     let mut term = 0.0;
-    let mut stream_value = 0.0;
     if active {
-        stream_value = residual[row] as f32;
-        if post {
-            stream_value = (fma(gains_prev[s], y[j] as f32, stream_value) as bf16) as f32;
-        }
-        let normed = stream_value * scale[s] * (1.0 + norm[row] as f32);
-        term = sigmoid(acc) * normed;
+        term = sigmoid(acc) * (stream_value * norm_scale);
     }
     // Σ over the n groups of column j: adjacent groups, offsets LANES .. n·LANES/2 (n is a power of
     // two and n·LANES divides 32, so the sum stays inside the column's lanes; the same on every
