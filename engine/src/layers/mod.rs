@@ -1,4 +1,5 @@
 //! Blocks of the decode step on the device: weights laid out as their kernels read them, scratch,
 //! and the sequence of launches.
 
+pub mod mix;
 pub mod moe;
