@@ -13,6 +13,8 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &gemv_bf16::gemv_bf16::ERASED,
     &mix::mix_down_bf16::ERASED,
     &mix::mix_up_bf16::ERASED,
+    &mix::mix_down_nvfp4::ERASED,
+    &mix::mix_up_nvfp4::ERASED,
     &moe::router::moe_router::ERASED,
     &moe::gate_up::moe_gate_up_nvfp4::ERASED,
     &moe::gate_up::moe_gate_up_bf16::ERASED,
