@@ -1,14 +1,16 @@
 //! The Gated Residual mix on a GPU (two launches, the previous block's write folded in) against
-//! the CPU reference, at the published shape (n 4, d 2560, r 320) and a tiny one, with and
-//! without the inject (the final mixer) and the folded write: the streams after the write equal
+//! the CPU reference, at the published shape (n 4, d 2560, r 320) and a tiny one, bf16 weights and
+//! NVFP4 (quantised at load; the reference uses the dequantised values), with and without the
+//! inject (the final mixer) and the folded write: the streams after the write equal
 //! the reference's bf16 write bit for bit, x is within 1e-2 relative L2 (and every element within
 //! a tolerance), every ω within 1e-2, a second site run gives the same bits, and the counter is
 //! back at zero. At the tiny shape every candidate tile set of each kernel runs. Fresh random
 //! inputs each run; outputs poisoned first.
 
 use engine::cuda::{DeviceBuffer, Gpu};
-use engine::kernels::mix::{mix_down_bf16, mix_up_bf16};
+use engine::kernels::mix::{mix_down_bf16, mix_down_nvfp4, mix_up_bf16, mix_up_nvfp4};
 use engine::layers::mix::{MixIo, MixKernels, MixScratch, MixShape, MixTiles, MixWeightsOnDevice, enqueue};
+use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{Linear, MixWeights};
 use engine::reference;
 use flashnext::compare::check;
@@ -17,7 +19,7 @@ use half::bf16;
 use kernel_dsl::TileSet;
 
 const PUBLISHED: MixShape = MixShape { streams: 4, hidden: 2560, rank: 320, inject: true };
-const TINY: MixShape = MixShape { streams: 4, hidden: 96, rank: 64, inject: true };
+const TINY: MixShape = MixShape { streams: 4, hidden: 128, rank: 64, inject: true };
 const EPS: f32 = 1e-6;
 
 /// One site's weights and inputs, on the host, bf16 as the device holds them.
@@ -30,12 +32,14 @@ struct Site {
     residual: Vec<bf16>,
     y: Vec<bf16>,
     gains_prev: Vec<f32>,
+    /// The matrices quantised at load (down, up, inject), for the NVFP4 format.
+    nvfp4: Option<(Nvfp4Matrix, Nvfp4Matrix, Option<Nvfp4Matrix>)>,
 }
 
 impl Site {
-    fn new(rng: &mut Rng, shape: MixShape) -> Site {
+    fn new(rng: &mut Rng, shape: MixShape, nvfp4: bool) -> Site {
         let (w, r, n) = (shape.width(), shape.rank, shape.streams);
-        Site {
+        let mut site = Site {
             shape,
             norm: rng.bf16_normal(w, 0.2),
             down: rng.bf16_normal(r * w, 2.0 / (w as f32).sqrt()),
@@ -44,17 +48,53 @@ impl Site {
             residual: rng.bf16_normal(w, 1.0),
             y: rng.bf16_normal(shape.hidden, 1.0),
             gains_prev: (0..n).map(|_| 2.0 * rng.uniform()).collect(),
+            nvfp4: None,
+        };
+        if nvfp4 {
+            let q = |v: &[bf16], rows, cols| Nvfp4Matrix::quantise(&to_f32(v), rows, cols);
+            site.nvfp4 = Some((
+                q(&site.down, r, w),
+                q(&site.up, w, r),
+                site.inject.as_ref().map(|v| q(v, n, w)),
+            ));
         }
+        site
+    }
+
+    fn upload(&self, gpu: &Gpu) -> MixWeightsOnDevice {
+        match &self.nvfp4 {
+            Some((down, up, inject)) => {
+                MixWeightsOnDevice::upload_nvfp4(gpu, self.shape, &self.norm, down, up, inject.as_ref())
+            }
+            None => MixWeightsOnDevice::upload_bf16(
+                gpu,
+                self.shape,
+                &self.norm,
+                &self.down,
+                &self.up,
+                self.inject.as_deref(),
+            ),
+        }
+        .expect("upload")
     }
 
     fn weights(&self) -> MixWeights {
         let (w, r, n) = (self.shape.width(), self.shape.rank, self.shape.streams);
         let lin = |v: &[bf16], rows, cols| Linear { rows, cols, w: to_f32(v), bias: None };
-        MixWeights {
-            norm: to_f32(&self.norm),
-            down: lin(&self.down, r, w),
-            up: lin(&self.up, w, r),
-            inject: self.inject.as_ref().map(|v| lin(v, n, w)),
+        let dq = |m: &Nvfp4Matrix| Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None };
+        match &self.nvfp4 {
+            Some((down, up, inject)) => MixWeights {
+                norm: to_f32(&self.norm),
+                down: dq(down),
+                up: dq(up),
+                inject: inject.as_ref().map(dq),
+            },
+            None => MixWeights {
+                norm: to_f32(&self.norm),
+                down: lin(&self.down, r, w),
+                up: lin(&self.up, w, r),
+                inject: self.inject.as_ref().map(|v| lin(v, n, w)),
+            },
         }
     }
 
@@ -140,55 +180,62 @@ fn check_site(label: &str, site: &Site, post: bool, got: (Outputs, bool)) {
     assert!(same, "{label}: a second run gave different bits");
 }
 
-fn case(gpu: &Gpu, rng: &mut Rng, shape: MixShape, tiles: &[MixTiles]) {
+fn case(gpu: &Gpu, rng: &mut Rng, shape: MixShape, tiles: &[MixTiles], nvfp4: bool) {
     for inject in [true, false] {
         let shape = MixShape { inject, ..shape };
-        let site = Site::new(rng, shape);
-        let w = MixWeightsOnDevice::upload_bf16(
-            gpu,
-            shape,
-            &site.norm,
-            &site.down,
-            &site.up,
-            site.inject.as_deref(),
-        )
-        .expect("upload");
+        let site = Site::new(rng, shape, nvfp4);
+        let w = site.upload(gpu);
         for t in tiles {
             let k = MixKernels::load(gpu, *t).expect("compile");
             for post in [true, false] {
-                let label = format!("{shape:?} post {post} {t:?}");
+                let format = if nvfp4 { "nvfp4" } else { "bf16" };
+                let label = format!("{format} {shape:?} post {post} {t:?}");
                 check_site(&label, &site, post, run(gpu, &k, &w, &site, post));
             }
         }
     }
 }
 
-/// The defaults, and every candidate of each kernel with the other kernel at its default.
-fn tile_variants() -> Vec<MixTiles> {
+/// The defaults, and every candidate of each kernel of one format with the others at their
+/// defaults.
+fn tile_variants(nvfp4: bool) -> Vec<MixTiles> {
     let base = MixTiles::default();
+    let candidates: Vec<MixTiles> = if nvfp4 {
+        let downs = mix_down_nvfp4::Tiles::candidates().into_iter().map(|t| MixTiles { down_nvfp4: t, ..base });
+        downs.chain(mix_up_nvfp4::Tiles::candidates().into_iter().map(|t| MixTiles { up_nvfp4: t, ..base })).collect()
+    } else {
+        let downs = mix_down_bf16::Tiles::candidates().into_iter().map(|t| MixTiles { down_bf16: t, ..base });
+        downs.chain(mix_up_bf16::Tiles::candidates().into_iter().map(|t| MixTiles { up_bf16: t, ..base })).collect()
+    };
     let mut v = vec![base];
-    let downs = mix_down_bf16::Tiles::candidates().into_iter().map(|t| MixTiles { down: t, ..base });
-    let ups = mix_up_bf16::Tiles::candidates().into_iter().map(|t| MixTiles { up: t, ..base });
-    for t in downs.chain(ups) {
+    for t in candidates {
         if !v.contains(&t) {
             v.push(t);
         }
     }
+    for t in &v {
+        for inject in [true, false] {
+            t.check(MixShape { inject, ..TINY }).unwrap_or_else(|e| panic!("every candidate fits the tiny shape: {e}"));
+        }
+    }
+    println!("tiny shape: {} tile sets", v.len());
     v
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn mix_matches_the_reference() {
+fn mix_bf16_matches_the_reference() {
     let gpu = flashnext::gpu::open();
-    let mut rng = Rng::fresh("mix");
-    let tiny = tile_variants();
-    for t in &tiny {
-        for inject in [true, false] {
-            t.check(MixShape { inject, ..TINY }).unwrap_or_else(|e| panic!("every candidate fits the tiny shape: {e}"));
-        }
-    }
-    println!("tiny shape: {} tile sets", tiny.len());
-    case(&gpu, &mut rng, TINY, &tiny);
-    case(&gpu, &mut rng, PUBLISHED, &[MixTiles::default()]);
+    let mut rng = Rng::fresh("mix bf16");
+    case(&gpu, &mut rng, TINY, &tile_variants(false), false);
+    case(&gpu, &mut rng, PUBLISHED, &[MixTiles::default()], false);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mix_nvfp4_matches_the_reference() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("mix nvfp4");
+    case(&gpu, &mut rng, TINY, &tile_variants(true), true);
+    case(&gpu, &mut rng, PUBLISHED, &[MixTiles::default()], true);
 }
