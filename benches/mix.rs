@@ -295,7 +295,10 @@ fn sweep(gpu: &Gpu, launches: &[MixLaunches], nvfp4: bool, jsonl: &mut Option<st
     for kernel in ["down", "up"] {
         let mut r: Vec<&(&str, f64, String)> = results.iter().filter(|x| x.0 == kernel).collect();
         r.sort_by(|a, b| a.1.total_cmp(&b.1));
-        println!("  sweep {format} {kernel} (per site, the other kernel at its default): {} tile sets; fastest:", r.len());
+        println!(
+            "  sweep {format} {kernel} (per site, the other kernel at its default): {} tile sets; fastest:",
+            r.len()
+        );
         for (_, us, label) in r.iter().take(4) {
             println!("    {us:7.2} us  {label}");
         }

@@ -52,11 +52,7 @@ impl Site {
         };
         if nvfp4 {
             let q = |v: &[bf16], rows, cols| Nvfp4Matrix::quantise(&to_f32(v), rows, cols);
-            site.nvfp4 = Some((
-                q(&site.down, r, w),
-                q(&site.up, w, r),
-                site.inject.as_ref().map(|v| q(v, n, w)),
-            ));
+            site.nvfp4 = Some((q(&site.down, r, w), q(&site.up, w, r), site.inject.as_ref().map(|v| q(v, n, w))));
         }
         site
     }
@@ -83,12 +79,9 @@ impl Site {
         let lin = |v: &[bf16], rows, cols| Linear { rows, cols, w: to_f32(v), bias: None };
         let dq = |m: &Nvfp4Matrix| Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None };
         match &self.nvfp4 {
-            Some((down, up, inject)) => MixWeights {
-                norm: to_f32(&self.norm),
-                down: dq(down),
-                up: dq(up),
-                inject: inject.as_ref().map(dq),
-            },
+            Some((down, up, inject)) => {
+                MixWeights { norm: to_f32(&self.norm), down: dq(down), up: dq(up), inject: inject.as_ref().map(dq) }
+            }
             None => MixWeights {
                 norm: to_f32(&self.norm),
                 down: lin(&self.down, r, w),
@@ -161,7 +154,8 @@ fn check_site(label: &str, site: &Site, post: bool, got: (Outputs, bool)) {
     let (out, same) = got;
     let (want_streams, want) = site.reference(post);
     // The streams: the reference's bf16 write exactly (or untouched without the write).
-    check(&format!("{label}: streams"), &to_f32(&out.residual), &want_streams, |_| 0.0).unwrap_or_else(|e| panic!("{e}"));
+    check(&format!("{label}: streams"), &to_f32(&out.residual), &want_streams, |_| 0.0)
+        .unwrap_or_else(|e| panic!("{e}"));
     let x = to_f32(&out.x);
     let rms = (want.x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / want.x.len() as f64).sqrt() as f32;
     let a = check(&format!("{label}: x"), &x, &want.x, |i| 1e-2 * rms + 2e-2 * want.x[i].abs())

@@ -60,8 +60,10 @@ impl MixShape {
     }
 }
 
-/// The two matrices of a site on the device.
+/// The two matrices of a site on the device. (One per site: the size difference of the variants
+/// costs nothing worth a box.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum MixMatrices {
     /// W_down [r, n·d], then W_inj [n, n·d] when the site injects (one matrix for launch 1), and
     /// W_up [n·d, r].
@@ -201,8 +203,7 @@ impl MixWeightsOnDevice {
 
     /// Uploads the CPU reference's weights, rounded to bf16.
     pub fn upload(gpu: &Gpu, w: &MixWeights, streams: usize) -> Result<MixWeightsOnDevice> {
-        let shape =
-            MixShape { streams, hidden: w.norm.len() / streams, rank: w.down.rows, inject: w.inject.is_some() };
+        let shape = MixShape { streams, hidden: w.norm.len() / streams, rank: w.down.rows, inject: w.inject.is_some() };
         let b = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
         let inject = w.inject.as_ref().map(|l| b(&l.w));
         MixWeightsOnDevice::upload_bf16(gpu, shape, &b(&w.norm), &b(&w.down.w), &b(&w.up.w), inject.as_deref())
