@@ -103,12 +103,20 @@ impl Site {
 }
 
 /// What one site run gives back.
-#[derive(PartialEq)]
 struct Outputs {
     residual: Vec<bf16>,
     x: Vec<bf16>,
     gains: Option<Vec<f32>>,
     counter: Vec<u32>,
+}
+
+impl Outputs {
+    /// Every output as raw bits, for a bit-for-bit comparison of two runs.
+    fn bits(&self) -> (Vec<u16>, Vec<u16>, Option<Vec<u32>>, &[u32]) {
+        let b16 = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let gains = self.gains.as_ref().map(|g| g.iter().map(|x| x.to_bits()).collect());
+        (b16(&self.residual), b16(&self.x), gains, &self.counter)
+    }
 }
 
 /// Runs the site twice on the GPU, from the same streams, outputs poisoned before each run.
@@ -146,7 +154,7 @@ fn run(gpu: &Gpu, k: &MixKernels, w: &MixWeightsOnDevice, site: &Site, post: boo
     }
     let second = runs.pop().expect("two runs");
     let first = runs.pop().expect("two runs");
-    let same = first == second;
+    let same = first.bits() == second.bits();
     (first, same)
 }
 
