@@ -111,11 +111,11 @@ struct Outputs {
 }
 
 impl Outputs {
-    /// Every output as raw bits, for a bit-for-bit comparison of two runs.
-    fn bits(&self) -> (Vec<u16>, Vec<u16>, Option<Vec<u32>>, &[u32]) {
-        let b16 = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let gains = self.gains.as_ref().map(|g| g.iter().map(|x| x.to_bits()).collect());
-        (b16(&self.residual), b16(&self.x), gains, &self.counter)
+    /// Every output as raw bits, one after the other, for a bit-for-bit comparison of two runs.
+    fn bits(&self) -> Vec<u32> {
+        let halves = self.residual.iter().chain(&self.x).map(|v| u32::from(v.to_bits()));
+        let gains = self.gains.iter().flatten().map(|v| v.to_bits());
+        halves.chain(gains).chain(self.counter.iter().copied()).collect()
     }
 }
 
