@@ -568,6 +568,20 @@ mod tests {
     }
 
     #[test]
+    fn every_candidate_fits_the_published_shape() {
+        let base = MixTiles::default();
+        let sets = (mix_down_bf16::Tiles::candidates().into_iter().map(|t| MixTiles { down_bf16: t, ..base }))
+            .chain(mix_up_bf16::Tiles::candidates().into_iter().map(|t| MixTiles { up_bf16: t, ..base }))
+            .chain(mix_down_nvfp4::Tiles::candidates().into_iter().map(|t| MixTiles { down_nvfp4: t, ..base }))
+            .chain(mix_up_nvfp4::Tiles::candidates().into_iter().map(|t| MixTiles { up_nvfp4: t, ..base }));
+        for t in sets {
+            for inject in [true, false] {
+                t.check(MixShape { inject, ..PUBLISHED }).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+
+    #[test]
     fn default_tiles_fit_the_published_shape_and_the_final_mixer() {
         MixTiles::default().check(PUBLISHED).expect("the attention and MoE sites");
         MixTiles::default().check(MixShape { inject: false, ..PUBLISHED }).expect("the final mixer");
