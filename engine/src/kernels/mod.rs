@@ -3,6 +3,7 @@
 
 pub mod gdn;
 pub mod gemv_bf16;
+pub mod mix;
 pub mod moe;
 pub mod zc_rmsnorm;
 
@@ -11,6 +12,10 @@ use kernel_dsl::AnyKernel;
 /// Every kernel, in a stable order.
 pub static ALL: &[&dyn AnyKernel] = &[
     &gemv_bf16::gemv_bf16::ERASED,
+    &mix::mix_down_bf16::ERASED,
+    &mix::mix_up_bf16::ERASED,
+    &mix::mix_down_nvfp4::ERASED,
+    &mix::mix_up_nvfp4::ERASED,
     &moe::router::moe_router::ERASED,
     &moe::gate_up::moe_gate_up_nvfp4::ERASED,
     &moe::gate_up::moe_gate_up_bf16::ERASED,

@@ -2,4 +2,5 @@
 //! and the sequence of launches.
 
 pub mod gdn;
+pub mod mix;
 pub mod moe;

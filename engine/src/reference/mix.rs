@@ -36,3 +36,31 @@ pub fn write(streams: &mut [f32], gains: &[f32], y: &[f32]) {
         }
     }
 }
+
+/// The write as the device stores the residual streams, in bf16 like the reference model:
+/// `X_s ← bf16(fma(ω_s, y, X_s))`, one f32 rounding of the product-sum, then one to bf16.
+pub fn write_bf16(streams: &mut [f32], gains: &[f32], y: &[f32]) {
+    let d = y.len();
+    for (s, &g) in gains.iter().enumerate() {
+        for (v, &yi) in streams[s * d..(s + 1) * d].iter_mut().zip(y) {
+            *v = half::bf16::from_f32(g.mul_add(yi, *v)).to_f32();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bf16_write_rounds_the_fused_sum() {
+        let mut x = [1.0, 2.0, -1.0, 0.5];
+        write_bf16(&mut x, &[0.5, 2.0], &[1.0, 1.0 / 128.0]);
+        // Stream 0: 1 + 0.5 = 1.5, and 2 + 2^-8, below half a bf16 step at 2 (2^-6): back to 2.
+        // Stream 1: -1 + 2 = 1, and 0.5 + 2^-6, exact in bf16.
+        assert_eq!(x, [1.5, 2.0, 1.0, 0.515_625]);
+        let mut plain = [1.0, 2.0, -1.0, 0.5];
+        write(&mut plain, &[0.5, 2.0], &[1.0, 1.0 / 128.0]);
+        assert_eq!(plain[1], 2.003_906_3, "the f32 write keeps what bf16 drops");
+    }
+}
