@@ -256,7 +256,8 @@ fn bench_moe(c: &mut Criterion) {
         });
         drop(whole);
         per_kernel(&gpu, &kernels, &launches, nvfp4, &mut jsonl, &name);
-        if nvfp4 {
+        // FLASHNEXT_BENCH_NO_SWEEP=1 skips the tile sweep (it compiles every candidate on the device).
+        if nvfp4 && std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none() {
             sweep(&gpu, &launches, &mut jsonl, &name);
         }
     }

@@ -16,6 +16,7 @@ use engine::model::config::ModelConfig;
 use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{GdnWeights, Linear};
 use engine::reference;
+use engine::kernels::gdn::state_update::gdn_state_update;
 use engine::reference::gdn::GdnState;
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
@@ -165,7 +166,20 @@ fn check(label: &str, want: &Expected, got: &Got) {
 /// (the others at their defaults); and for out_proj (the GEMV that gpu_kernels covers in full)
 /// each candidate one tile off its default: those that fit `shape`.
 fn tile_variants(shape: GdnShape, nvfp4: bool) -> Vec<GdnTiles> {
-    let base = GdnTiles::default();
+    // The defaults, or where they do not fit this shape (they are tuned for the published head
+    // size and width), the first candidate that fits for the state update and the plain GEMV for
+    // out_proj: the base the one-kernel variations start from.
+    let mut base = GdnTiles::default();
+    if base.check(shape, nvfp4).is_err() {
+        base.out_proj = TileSet::DEFAULT;
+        if let Some(t) = <gdn_state_update::Tiles as TileSet>::candidates()
+            .into_iter()
+            .find(|&t| GdnTiles { state_update: t, ..base }.check(shape, nvfp4).is_ok())
+        {
+            base.state_update = t;
+        }
+    }
+    assert!(base.check(shape, nvfp4).is_ok(), "no base tile set fits {shape:?}");
     let mut v = vec![base];
     if nvfp4 {
         v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
@@ -281,4 +295,19 @@ fn the_test_inputs_carry_the_state() {
         2 * decays.iter().filter(|&&a| a > 0.5).count() >= decays.len(),
         "most heads keep half their state: {decays:?}"
     );
+}
+
+/// The tile sets the tiny GPU cases run (checked here without a GPU): a base that fits, and for
+/// each kernel at least one variation of it that fits.
+#[test]
+fn the_tiny_shape_runs_variations_of_every_kernel() {
+    for (shape, nvfp4) in [(TINY, false), (TINY_NVFP4, true)] {
+        let v = tile_variants(shape, nvfp4);
+        let base = v[0];
+        let varied = |f: fn(&GdnTiles, &GdnTiles) -> bool| v.iter().any(|t| f(t, &base));
+        assert!(varied(|t, b| t.in_proj != b.in_proj || t.in_proj_nvfp4 != b.in_proj_nvfp4), "input projection");
+        assert!(varied(|t, b| t.state_update != b.state_update), "state update");
+        assert!(varied(|t, b| t.out_proj != b.out_proj), "out_proj");
+        println!("tiny shape, nvfp4 {nvfp4}: {} tile sets", v.len());
+    }
 }
