@@ -12,13 +12,29 @@ fn good() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-sparse")
 }
 
+/// A scratch folder, removed when the case ends (passing or not).
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A scratch copy of the good checkpoint's config.
-fn scratch(case: &str) -> PathBuf {
+fn scratch(case: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("flashnext-ckpt-{case}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     std::fs::copy(good().join("config.json"), dir.join("config.json")).expect("copy config");
-    dir
+    Scratch(dir)
 }
 
 struct Owned {
