@@ -3,3 +3,4 @@
 
 pub mod gdn;
 pub mod moe;
+pub mod ple;
