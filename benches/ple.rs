@@ -1,0 +1,217 @@
+//! PLE's critical path on the GPU: from the token known on the device to one PLE layer's 16 rows
+//! in device memory, the bf16 table in mapped pinned host memory read zero-copy.
+//!
+//! Figures, each per step (one token), as the median, p10 and p90 over replays:
+//! - `ids`: the hash kernel alone.
+//! - `gather`: the gather of 16 rows of 160 bf16 (5120 bytes) alone, fresh random ids each replay.
+//! - `ids+gather`: the two in sequence: the time PLE adds from the token to the rows.
+//!
+//! Each graph chains CHAIN steps (every step reads its own token or ids, dependent launches as in
+//! a decode step), so a replay's time over CHAIN is the per-step latency including the gap
+//! between dependent kernels, without the graph launch itself; the `x1` lines time a graph of one
+//! step between events (an upper bound, launch included). Tokens and ids are rewritten before
+//! each replay, so the rows read are new ones (not in L2 from the previous replay).
+//!
+//! Tables: 64 MiB, and as large as the machine pins of 29, 16, 8 GB (the line says which), filled
+//! with zeros by a host memset at allocation (the bytes do not change the timing). A 29 GB table
+//! is the NVFP4 table's size; in bf16 it holds fewer rows than the model's 320 M (the hash's
+//! primes are scaled down to fit it), and a bf16 row is 320 bytes where an NVFP4 row is 90.
+//! Lines go to stdout and to $OUT/bench-ple.jsonl (or target/bench-ple.jsonl).
+
+use std::io::Write;
+
+use engine::cuda::timing::EventTimer;
+use engine::cuda::{DeviceBuffer, Gpu, Graph, MappedHostBuffer};
+use engine::kernels::ple::gather_bf16::ple_gather_bf16;
+use engine::kernels::ple::ids::ple_ids;
+use engine::layers::ple::{PleHashOnDevice, gather_args};
+use engine::model::config::ModelConfig;
+use engine::model::ngram_hash::NgramHash;
+use flashnext::rng::Rng;
+use half::bf16;
+use kernel_dsl::TileSet;
+
+const WIDTH: usize = 160;
+const HEADS: usize = 16;
+const CHAIN: usize = 64;
+const REPLAYS: usize = 300;
+const GB: usize = 1_000_000_000;
+
+/// The published hash geometry (vocab, eos, 2 orders × 8 heads), its primes from `prime_base`.
+fn config(prime_base: u64) -> ModelConfig {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-dense/config.json");
+    let mut c = ModelConfig::from_file(std::path::Path::new(path)).expect("tiny config");
+    c.vocab_size = 248_320;
+    c.eos_token_id = Some(248_044);
+    c.ngram_size = 3;
+    c.heads_per_ngram = 8;
+    c.ngram_vocab_size_base = prime_base;
+    c
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Median, p10, p90 of one replay of `g` divided by `steps`; `before` runs before each replay,
+/// outside the timed events.
+fn replay_times(gpu: &Gpu, g: &Graph, steps: usize, mut before: impl FnMut()) -> (f64, f64, f64) {
+    let t = EventTimer::new(gpu).expect("events");
+    before();
+    g.launch().expect("warm-up replay");
+    let mut v: Vec<f64> = (0..REPLAYS)
+        .map(|_| {
+            before();
+            t.start(gpu).expect("start");
+            g.launch().expect("replay");
+            t.stop(gpu).expect("stop").as_secs_f64() / steps as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
+}
+
+struct Sink {
+    device: String,
+    jsonl: Option<std::fs::File>,
+}
+
+fn report(out: &mut Sink, label: &str, table_bytes: usize, bytes: usize, t: (f64, f64, f64)) {
+    println!(
+        "{label}: {:.2} us per step (p10 {:.2}, p90 {:.2}), {bytes} bytes of rows, table {:.2} GB pinned host, {:.2} GB/s",
+        t.0 * 1e6,
+        t.1 * 1e6,
+        t.2 * 1e6,
+        table_bytes as f64 / 1e9,
+        bytes as f64 / t.0 / 1e9,
+    );
+    if let Some(f) = out.jsonl.as_mut() {
+        let _ = writeln!(
+            f,
+            "{{\"bench\":\"ple\",\"label\":\"{label}\",\"device\":\"{}\",\"us_per_step\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"table_bytes\":{table_bytes}}}",
+            out.device,
+            t.0 * 1e6,
+            t.1 * 1e6,
+            t.2 * 1e6
+        );
+    }
+}
+
+/// The largest table of `sizes` (bytes) that pins, with its size.
+fn pin_table(gpu: &Gpu, sizes: &[usize]) -> Option<(MappedHostBuffer<bf16>, usize)> {
+    for &bytes in sizes {
+        let start = std::time::Instant::now();
+        match MappedHostBuffer::<bf16>::new(gpu.context(), bytes / 2) {
+            Ok(t) => {
+                println!("pinned {:.2} GB in {:.1} s", bytes as f64 / 1e9, start.elapsed().as_secs_f64());
+                return Some((t, bytes));
+            }
+            Err(e) => println!("pinning {:.2} GB failed: {e}", bytes as f64 / 1e9),
+        }
+    }
+    None
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_table(
+    gpu: &Gpu,
+    out: &mut Sink,
+    rng: &mut Rng,
+    ki: &engine::cuda::LoadedKernel<ple_ids::Kernel>,
+    kg: &engine::cuda::LoadedKernel<ple_gather_bf16::Kernel>,
+    table: &MappedHostBuffer<bf16>,
+    table_bytes: usize,
+    tag: &str,
+) {
+    let table_rows = (table_bytes / (2 * WIDTH)) as u64;
+    // 16 primes from this base sum to at most the table's rows once padded.
+    let cfg = config(table_rows / HEADS as u64 - 1024);
+    let hash_host = NgramHash::new(&cfg, 0);
+    assert!(hash_host.rows_padded <= table_rows, "hash rows {} > table rows {table_rows}", hash_host.rows_padded);
+    let mut hash = PleHashOnDevice::new(gpu, std::slice::from_ref(&hash_host)).expect("hash constants");
+    let rows_bytes = HEADS * WIDTH * 2;
+
+    let mut tokens = gpu.alloc::<u32>(CHAIN).expect("alloc");
+    let mut ids: DeviceBuffer<u64> = gpu.alloc(CHAIN * HEADS).expect("alloc");
+    let mut rows: DeviceBuffer<bf16> = gpu.alloc(CHAIN * HEADS * WIDTH).expect("alloc");
+    let fresh_tokens = |rng: &mut Rng| -> Vec<u32> { (0..CHAIN).map(|_| (rng.next_u64() % 248_320) as u32).collect() };
+    let fresh_ids = |rng: &mut Rng| -> Vec<u64> { (0..CHAIN * HEADS).map(|_| rng.next_u64() % table_rows).collect() };
+
+    for steps in [CHAIN, 1] {
+        let step_args: Vec<_> = (0..steps)
+            .map(|s| {
+                let i = hash.ids_args(tokens.ptr().offset(s as u64), ids.ptr_mut().offset((s * HEADS) as u64));
+                let g = gather_args(
+                    table.ptr(),
+                    ids.ptr().offset((s * HEADS) as u64),
+                    rows.ptr_mut().offset((s * HEADS * WIDTH) as u64),
+                    HEADS,
+                    WIDTH,
+                );
+                (i, g)
+            })
+            .collect();
+        let chain = format!("x{steps}");
+        for which in ["ids", "gather", "ids+gather"] {
+            let graph = gpu
+                .capture(|| {
+                    for (i, g) in &step_args {
+                        if which != "gather" {
+                            // SAFETY: each step's token, ids and rows are slices of live buffers of
+                            // CHAIN steps; the constants and history live in `hash`.
+                            unsafe { ki.launch(gpu, i) }?;
+                        }
+                        if which != "ids" {
+                            // SAFETY: ids address rows of `table` (the hash's rows fit in it, fresh
+                            // ids are drawn below its rows), which outlives the graph.
+                            unsafe { kg.launch(gpu, g) }?;
+                        }
+                    }
+                    Ok(())
+                })
+                .expect("capture");
+            let t = replay_times(gpu, &graph, steps, || {
+                if which == "gather" {
+                    gpu.write(&mut ids, &fresh_ids(rng)).expect("ids");
+                } else {
+                    gpu.write(&mut tokens, &fresh_tokens(rng)).expect("tokens");
+                }
+            });
+            let bytes = if which == "ids" { 0 } else { rows_bytes };
+            report(out, &format!("ple {which} {tag} {chain}"), table_bytes, bytes, t);
+        }
+    }
+}
+
+fn main() {
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("ple bench skipped: {e}");
+            return;
+        }
+    };
+    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-ple.jsonl")).ok();
+    let mut out = Sink { device: gpu.info().name.clone(), jsonl };
+    let mut rng = Rng::fresh("ple bench");
+    let ki = gpu.kernel::<ple_ids::Kernel>(ple_ids::Tiles::DEFAULT).expect("compile");
+    let kg = gpu.kernel::<ple_gather_bf16::Kernel>(ple_gather_bf16::Tiles::DEFAULT).expect("compile");
+
+    let small = 64 << 20;
+    let (table, bytes) = pin_table(&gpu, &[small]).expect("a 64 MiB pinned table");
+    bench_table(&gpu, &mut out, &mut rng, &ki, &kg, &table, bytes, "64MiB");
+    drop(table);
+
+    let large: Vec<usize> = match std::env::var("FLASHNEXT_PLE_TABLE_GB").ok().and_then(|s| s.parse::<usize>().ok()) {
+        Some(gb) => vec![gb * GB],
+        None => vec![29 * GB, 16 * GB, 8 * GB],
+    };
+    match pin_table(&gpu, &large) {
+        Some((table, bytes)) => {
+            let tag = format!("{}GB", bytes / GB);
+            bench_table(&gpu, &mut out, &mut rng, &ki, &kg, &table, bytes, &tag);
+        }
+        None => println!("no large table could be pinned"),
+    }
+}
