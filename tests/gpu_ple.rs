@@ -1,17 +1,26 @@
 //! PLE on a GPU: the n-gram row ids hashed on the device from the device-side history against
 //! the host hash `model::ngram_hash` (which matches the reference's test vectors), over 80 tokens
-//! with single and repeated eos; and the row gather from a bf16 table in mapped pinned host
-//! memory, ids and gather captured in one graph and replayed token after token, every byte of
-//! every row compared with the table. Two PLE layers in one table, so the layer bases show; the
-//! published hash constants and vocabulary, and a small one. Fresh tokens and table each run,
-//! outputs poisoned before each token.
+//! with single and repeated eos; the row gather from a bf16 table in mapped pinned host memory,
+//! ids and gather captured in one graph and replayed token after token, every byte of every row
+//! compared with the table (two PLE layers in one table, so the layer bases show; the published
+//! hash constants and vocabulary, and a small one); and the whole PLE block (ids, gather, the
+//! stacked key/value GEMV, norms, gate, dilated conv, sum into the streams) against
+//! `reference::ple::ple` over 80 tokens with the conv state carried, at a tiny shape (every tile
+//! candidate of the gather and the gate/conv kernel) and the published one. Fresh tokens, tables,
+//! weights and streams each run, outputs and scratch poisoned before each token.
 
 use engine::cuda::MappedHostBuffer;
+use engine::kernels::ple::gate_conv::ple_gate_conv;
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::ids::ple_ids;
-use engine::layers::ple::{PleHashOnDevice, gather_args, table_row_bases};
+use engine::layers::ple::{
+    PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTiles, PleWeightsOnDevice,
+    gather_args, table_row_bases,
+};
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
+use engine::model::weights::{Linear, PleWeights};
+use engine::reference::ple::{PleState, ple};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::TileSet;
@@ -168,4 +177,131 @@ fn gathered_rows_are_the_table_rows_through_a_graph() {
             }
         }
     }
+}
+
+fn bf16_values(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| bf16::from_f32(scale * rng.normal()).to_f32()).collect()
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// A PLE config: `streams` streams of `hidden`, a `hidden`-wide embedding over 16 heads, conv
+/// kernel 4 with dilation 3, the published vocabulary, small primes (a table of ~16 k rows).
+fn block_config(streams: usize, hidden: usize) -> ModelConfig {
+    let mut c = config(248_320, 248_044, 1000);
+    c.hc_streams = streams;
+    c.hidden_size = hidden;
+    c.ple_embed_dim = hidden;
+    c.ngram_size = 3;
+    c.heads_per_ngram = 8;
+    c.ple_conv_kernel = 4;
+    c.rms_norm_eps = 1e-6;
+    c
+}
+
+/// Random PLE weights and table, all bf16-representable.
+fn ple_weights(rng: &mut Rng, cfg: &ModelConfig) -> PleWeights {
+    let hash = NgramHash::new(cfg, 0);
+    let (n, d, p) = (cfg.residual_width(), cfg.hidden_size, cfg.ple_embed_dim);
+    let width = p / cfg.ngram_heads();
+    let linear = |rng: &mut Rng, rows: usize| Linear {
+        rows,
+        cols: p,
+        w: bf16_values(rng, rows * p, 1.0 / (p as f32).sqrt()),
+        bias: None,
+    };
+    PleWeights {
+        table: bf16_values(rng, hash.rows_padded as usize * width, 1.0),
+        hash,
+        width,
+        key: linear(rng, n),
+        value: linear(rng, d),
+        norm_key: bf16_values(rng, n, 0.2),
+        norm_query: bf16_values(rng, n, 0.2),
+        norm_conv: bf16_values(rng, n, 0.2),
+        conv: bf16_values(rng, n * cfg.ple_conv_kernel, 0.5),
+    }
+}
+
+/// 80 tokens through the PLE block on the device against the reference, the conv state carried.
+fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str) {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh(label);
+    let shape = PleShape::from_config(cfg).expect("shape");
+    let w = ple_weights(&mut rng, cfg);
+    let eos = w.hash.eos();
+    let tokens = tokens(&mut rng, cfg.vocab_size, eos);
+    let nd = shape.residual_width();
+    let streams: Vec<Vec<f32>> = (0..TOKENS).map(|_| (0..nd).map(|_| rng.normal()).collect()).collect();
+
+    let mut st = PleState::new(cfg, &w);
+    let want: Vec<Vec<f32>> = tokens.iter().zip(&streams).map(|(&t, x)| ple(x, t, &w, cfg, &mut st)).collect();
+    let want_state: Vec<f32> = st.conv_inputs.concat();
+
+    let mut table = MappedHostBuffer::<bf16>::new(gpu.context(), w.table.len()).expect("pinned table");
+    for (dst, &v) in table.as_mut_slice().iter_mut().zip(&w.table) {
+        *dst = bf16::from_f32(v);
+    }
+    let dw = PleWeightsOnDevice::upload(&gpu, shape, &w).expect("weights");
+    let mut hash = PleHashOnDevice::new(&gpu, std::slice::from_ref(&w.hash)).expect("hash");
+    let mut token = gpu.alloc::<u32>(1).expect("alloc");
+    let mut ids = gpu.alloc::<u64>(hash.ids_per_step()).expect("alloc");
+    let mut x = gpu.alloc::<f32>(nd).expect("alloc");
+    let mut y = gpu.alloc::<f32>(nd).expect("alloc");
+    for &t in tiles {
+        let k = PleKernels::load(&gpu, t).expect("compile");
+        let mut dst = PleStateOnDevice::new(&gpu, shape).expect("state");
+        let mut s = PleScratch::new(&gpu, shape).expect("scratch");
+        hash.reset(&gpu).expect("reset");
+        let ids_args = hash.ids_args(token.ptr(), ids.ptr_mut());
+        let launches = PleLaunches::new(&dw, &mut dst, &mut s, table.ptr(), ids.ptr(), x.ptr(), y.ptr_mut());
+        let mut worst = 0.0f64;
+        for (step, (&tok, xs)) in tokens.iter().zip(&streams).enumerate() {
+            gpu.write(&mut token, &[tok]).expect("token");
+            gpu.write(&mut x, xs).expect("streams");
+            gpu.fill_bytes(&mut y, 0xff).expect("poison");
+            gpu.fill_bytes(&mut ids, 0xff).expect("poison");
+            gpu.fill_bytes(&mut s.rows, 0xff).expect("poison");
+            gpu.fill_bytes(&mut s.proj, 0xff).expect("poison");
+            // SAFETY: every buffer was sized from `shape`; the table holds the layer's padded rows;
+            // x and y are distinct n·d buffers.
+            unsafe {
+                k.ids.launch(&gpu, &ids_args).expect("ids");
+                launches.enqueue(&gpu, &k).expect("enqueue");
+            }
+            let got = gpu.download(&y).expect("y");
+            assert!(got.iter().all(|v| v.is_finite()), "{label} {t:?} token {step}: non-finite output");
+            let added: Vec<f32> = got.iter().zip(xs).map(|(a, b)| a - b).collect();
+            let err = rel_l2(&added, &want[step]);
+            worst = worst.max(err);
+            assert!(err < 1e-2, "{label} {t:?} token {step} ({tok}): PLE output rel L2 {err:.2e}");
+        }
+        let state = gpu.download(&dst.conv).expect("state");
+        let err = rel_l2(&state, &want_state);
+        assert!(err < 1e-2, "{label} {t:?}: conv state rel L2 {err:.2e} after {TOKENS} tokens");
+        println!("{label} {t:?}: worst output rel L2 {worst:.2e}, conv state {err:.2e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn ple_block_matches_the_reference_tiny_every_tile() {
+    let mut tiles = Vec::new();
+    for gather in ple_gather_bf16::Tiles::candidates() {
+        tiles.push(PleTiles { gather, ..PleTiles::default() });
+    }
+    for gate_conv in ple_gate_conv::Tiles::candidates() {
+        tiles.push(PleTiles { gate_conv, ..PleTiles::default() });
+    }
+    block_matches(&block_config(4, 256), &tiles, "ple-block-tiny");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn ple_block_matches_the_reference_published_shape() {
+    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-published");
 }

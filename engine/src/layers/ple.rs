@@ -1,17 +1,27 @@
-//! PLE on the device, the parts done so far: the n-gram hash constants of every PLE layer and the
-//! token history, on the device for [`ple_ids`], and the row gather [`ple_gather_bf16`] from a
-//! table the device can address (mapped host memory: [`crate::cuda::MappedHostBuffer`]).
+//! PLE on the device: the n-gram hash constants of every PLE layer and the token history, on the
+//! device for [`ple_ids`] (one launch per step for every PLE layer), and per PLE layer the row
+//! gather [`ple_gather_bf16`] from a table the device can address (mapped host memory:
+//! [`crate::cuda::MappedHostBuffer`]), the key and value projections stacked in one bf16 GEMV,
+//! and [`ple_gate_conv`] (norms, gate, dilated conv with its state, the sum into the streams).
+//!
+//! The residual streams here are f32 [n·d]; the block reads them and writes their sum with its
+//! output to another buffer.
 //!
 //! One table holds every PLE layer's rows, layer after layer (each layer `rows_padded` rows, see
 //! [`table_row_bases`]); the ids the kernel writes already include their layer's first row.
 
-use kernel_dsl::{DevPtr, DevPtrMut};
+use half::bf16;
+use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
 
-use crate::cuda::{DeviceBuffer, Gpu};
+use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
+use crate::kernels::gemv_bf16::gemv_bf16;
+use crate::kernels::ple::gate_conv::ple_gate_conv;
 use crate::kernels::ple::gather_bf16::ple_gather_bf16;
 use crate::kernels::ple::ids::ple_ids;
+use crate::model::config::ModelConfig;
 use crate::model::ngram_hash::NgramHash;
+use crate::model::weights::PleWeights;
 
 /// The first row of each PLE layer's rows in the one table, and the table's total rows.
 pub fn table_row_bases(hashes: &[NgramHash]) -> (Vec<u64>, u64) {
@@ -115,11 +125,257 @@ impl PleHashOnDevice {
 /// The launch that copies the `count` rows `ids` addresses in `table` (rows of `width` bf16) into
 /// `rows` [count, width].
 pub fn gather_args(
-    table: DevPtr<half::bf16>,
+    table: DevPtr<bf16>,
     ids: DevPtr<u64>,
-    rows: DevPtrMut<half::bf16>,
+    rows: DevPtrMut<bf16>,
     count: usize,
     width: usize,
 ) -> ple_gather_bf16::Args {
     ple_gather_bf16::Args { table, ids, rows, count: count as u32, width: width as u32 }
+}
+
+/// The geometry of one PLE layer's block on the device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PleShape {
+    /// Residual streams n.
+    pub streams: usize,
+    /// Channels per stream d.
+    pub hidden: usize,
+    /// Table rows per step (the hash heads) and the values per row.
+    pub heads: usize,
+    pub width: usize,
+    pub conv_kernel: usize,
+    /// The conv's dilation: the n-gram size.
+    pub dilation: usize,
+    pub eps: f32,
+}
+
+impl PleShape {
+    pub fn from_config(cfg: &ModelConfig) -> Result<PleShape> {
+        let heads = cfg.ngram_heads();
+        if heads == 0 || !cfg.ple_embed_dim.is_multiple_of(heads) {
+            return Err(Error::Buffer(format!("PLE width {} over {heads} heads", cfg.ple_embed_dim)));
+        }
+        if cfg.ple_conv_kernel < 2 {
+            return Err(Error::Buffer(format!("a PLE conv of kernel {} has no state", cfg.ple_conv_kernel)));
+        }
+        Ok(PleShape {
+            streams: cfg.hc_streams,
+            hidden: cfg.hidden_size,
+            heads,
+            width: cfg.ple_embed_dim / heads,
+            conv_kernel: cfg.ple_conv_kernel,
+            dilation: cfg.ngram_size,
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    /// The gathered embedding's length: heads × width.
+    pub fn embed_dim(&self) -> usize {
+        self.heads * self.width
+    }
+
+    /// n·d.
+    pub fn residual_width(&self) -> usize {
+        self.streams * self.hidden
+    }
+
+    /// The rows of the stacked projection: the key's n·d, then the value's d.
+    pub fn proj_rows(&self) -> usize {
+        (self.streams + 1) * self.hidden
+    }
+
+    /// The conv state's rows: (kernel − 1)·dilation previous inputs.
+    pub fn conv_depth(&self) -> usize {
+        (self.conv_kernel - 1) * self.dilation
+    }
+}
+
+/// One PLE layer's weights on the device (the table lives elsewhere: host memory).
+#[derive(Debug)]
+pub struct PleWeightsOnDevice {
+    pub shape: PleShape,
+    /// [(n + 1)·d, embed_dim]: key_proj's rows, then value_proj's.
+    pub proj: DeviceBuffer<bf16>,
+    /// [n·d] each.
+    pub norm_key: DeviceBuffer<bf16>,
+    pub norm_query: DeviceBuffer<bf16>,
+    pub norm_conv: DeviceBuffer<bf16>,
+    /// [n·d, kernel].
+    pub conv: DeviceBuffer<bf16>,
+}
+
+impl PleWeightsOnDevice {
+    /// The weights of `w` rounded to bf16.
+    pub fn upload(gpu: &Gpu, shape: PleShape, w: &PleWeights) -> Result<PleWeightsOnDevice> {
+        let (nd, p) = (shape.residual_width(), shape.embed_dim());
+        let checks = [
+            ("key_proj", w.key.rows * w.key.cols, nd * p),
+            ("value_proj", w.value.rows * w.value.cols, shape.hidden * p),
+            ("conv", w.conv.len(), nd * shape.conv_kernel),
+        ];
+        for (what, got, want) in checks {
+            if got != want {
+                return Err(Error::Buffer(format!("PLE {what} has {got} values, the shape needs {want}")));
+            }
+        }
+        let bf = |v: &[f32]| -> Vec<bf16> { v.iter().map(|&x| bf16::from_f32(x)).collect() };
+        let stacked: Vec<bf16> = w.key.w.iter().chain(&w.value.w).map(|&x| bf16::from_f32(x)).collect();
+        Ok(PleWeightsOnDevice {
+            shape,
+            proj: gpu.upload(&stacked)?,
+            norm_key: gpu.upload(&bf(&w.norm_key))?,
+            norm_query: gpu.upload(&bf(&w.norm_query))?,
+            norm_conv: gpu.upload(&bf(&w.norm_conv))?,
+            conv: gpu.upload(&bf(&w.conv))?,
+        })
+    }
+}
+
+/// What one PLE layer carries from token to token on the device: the conv's previous inputs
+/// [depth, n·d] f32, oldest first, zero at the start of a sequence. (The token history is shared
+/// by every PLE layer: [`PleHashOnDevice`].)
+#[derive(Debug)]
+pub struct PleStateOnDevice {
+    pub conv: DeviceBuffer<f32>,
+}
+
+impl PleStateOnDevice {
+    pub fn new(gpu: &Gpu, shape: PleShape) -> Result<PleStateOnDevice> {
+        Ok(PleStateOnDevice { conv: gpu.alloc(shape.conv_depth() * shape.residual_width())? })
+    }
+}
+
+/// One PLE layer's scratch: the gathered rows, the projections, the GEMV's split-K partials and
+/// counters.
+#[derive(Debug)]
+pub struct PleScratch {
+    /// [embed_dim]: the rows, head after head.
+    pub rows: DeviceBuffer<bf16>,
+    /// [(n + 1)·d]: key, then value.
+    pub proj: DeviceBuffer<bf16>,
+    pub partial: DeviceBuffer<f32>,
+    pub counters: DeviceBuffer<u32>,
+}
+
+/// The largest split-K the projection's scratch allows.
+const MAX_PROJ_SPLIT: usize = 16;
+
+impl PleScratch {
+    pub fn new(gpu: &Gpu, shape: PleShape) -> Result<PleScratch> {
+        let mut s = PleScratch {
+            rows: gpu.alloc(shape.embed_dim())?,
+            proj: gpu.alloc(shape.proj_rows())?,
+            partial: gpu.alloc(MAX_PROJ_SPLIT * shape.proj_rows())?,
+            counters: gpu.alloc(shape.proj_rows())?,
+        };
+        gpu.fill_bytes(&mut s.counters, 0)?;
+        Ok(s)
+    }
+}
+
+/// Tile choices for the PLE kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PleTiles {
+    pub gather: ple_gather_bf16::Tiles,
+    pub proj: gemv_bf16::Tiles,
+    pub gate_conv: ple_gate_conv::Tiles,
+}
+
+impl Default for PleTiles {
+    fn default() -> Self {
+        PleTiles {
+            gather: ple_gather_bf16::Tiles::DEFAULT,
+            proj: gemv_bf16::Tiles::DEFAULT,
+            gate_conv: ple_gate_conv::Tiles::DEFAULT,
+        }
+    }
+}
+
+/// The PLE kernels, compiled.
+#[derive(Debug)]
+pub struct PleKernels {
+    pub ids: LoadedKernel<ple_ids::Kernel>,
+    pub gather: LoadedKernel<ple_gather_bf16::Kernel>,
+    pub proj: LoadedKernel<gemv_bf16::Kernel>,
+    pub gate_conv: LoadedKernel<ple_gate_conv::Kernel>,
+}
+
+impl PleKernels {
+    pub fn load(gpu: &Gpu, tiles: PleTiles) -> Result<PleKernels> {
+        if tiles.proj.k_split as usize > MAX_PROJ_SPLIT {
+            return Err(Error::Buffer(format!("projection split-K {} over {MAX_PROJ_SPLIT}", tiles.proj.k_split)));
+        }
+        Ok(PleKernels {
+            ids: gpu.kernel(ple_ids::Tiles::DEFAULT)?,
+            gather: gpu.kernel(tiles.gather)?,
+            proj: gpu.kernel(tiles.proj)?,
+            gate_conv: gpu.kernel(tiles.gate_conv)?,
+        })
+    }
+}
+
+/// The three launches of one PLE layer after the ids: gather, projections, gate and conv.
+#[derive(Clone, Copy, Debug)]
+pub struct PleLaunches {
+    pub gather: ple_gather_bf16::Args,
+    pub proj: gemv_bf16::Args,
+    pub gate_conv: ple_gate_conv::Args,
+}
+
+impl PleLaunches {
+    /// `streams_out` = `streams_in` + PLE(streams_in), for the PLE layer whose rows start at
+    /// `ids` (its `heads` ids among the step's) in `table`.
+    pub fn new(
+        w: &PleWeightsOnDevice,
+        st: &mut PleStateOnDevice,
+        s: &mut PleScratch,
+        table: DevPtr<bf16>,
+        ids: DevPtr<u64>,
+        streams_in: DevPtr<f32>,
+        streams_out: DevPtrMut<f32>,
+    ) -> PleLaunches {
+        let sh = w.shape;
+        PleLaunches {
+            gather: gather_args(table, ids, s.rows.ptr_mut(), sh.heads, sh.width),
+            proj: gemv_bf16::Args {
+                w: w.proj.ptr(),
+                x: s.rows.ptr(),
+                y: s.proj.ptr_mut(),
+                partial: s.partial.ptr_mut(),
+                counters: s.counters.ptr_mut(),
+                rows: sh.proj_rows() as u32,
+                cols: sh.embed_dim() as u32,
+            },
+            gate_conv: ple_gate_conv::Args {
+                proj: s.proj.ptr(),
+                streams_in,
+                norm_key: w.norm_key.ptr(),
+                norm_query: w.norm_query.ptr(),
+                norm_conv: w.norm_conv.ptr(),
+                conv_w: w.conv.ptr(),
+                conv_state: st.conv.ptr_mut(),
+                streams_out,
+                streams: sh.streams as u32,
+                d: sh.hidden as u32,
+                kernel_size: sh.conv_kernel as u32,
+                dilation: sh.dilation as u32,
+                eps: sh.eps,
+            },
+        }
+    }
+
+    /// Enqueues the three launches.
+    ///
+    /// # Safety
+    /// The buffers the launches were built from are alive; the table holds every row the ids can
+    /// address; `streams_in` and `streams_out` hold n·d values and do not overlap.
+    pub unsafe fn enqueue(&self, gpu: &Gpu, k: &PleKernels) -> Result<()> {
+        // SAFETY: the caller's guarantees, and each buffer has the length its launch indexes.
+        unsafe {
+            k.gather.launch(gpu, &self.gather)?;
+            k.proj.launch(gpu, &self.proj)?;
+            k.gate_conv.launch(gpu, &self.gate_conv)
+        }
+    }
 }
