@@ -1,0 +1,392 @@
+//! The PLE table as the engine maps it: one file holding every PLE layer's n-gram rows, layer
+//! after layer (each layer its hash's `rows_padded` rows), after a 4 KiB header that says what
+//! the rows are and for which hash they were written, with a checksum of the rows.
+//!
+//! Written once from a checkpoint's shards ([`write_table`], the `ple_table` tool), opened
+//! memory-mapped at load ([`PleTableFile::open`]): the file's size, its header and the hash it was
+//! written for are checked then (a truncated file, a file for another config, a file that is not
+//! a table are clear errors); the checksum over every row is checked on request
+//! ([`PleTableFile::verify`]), since reading 29 GB takes seconds.
+//!
+//! Header (little-endian): magic `FNPLETAB`, version u32, row format u32 (1 = bf16), row width
+//! u32 (values), layers u32, rows u64 (all layers), hash fingerprint u64, checksum u64, then
+//! zeros to 4096 bytes. The rows start page-aligned, so a mapping of the file can be registered
+//! for the device and the rows addressed from its start.
+
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use memmap2::Mmap;
+use safetensors::Dtype;
+
+use super::checkpoint::{Checkpoint, CheckpointError, TensorRef};
+use super::config::ModelConfig;
+use super::ngram_hash::NgramHash;
+
+pub const MAGIC: [u8; 8] = *b"FNPLETAB";
+pub const VERSION: u32 = 1;
+/// The header's size: the rows start one page in.
+pub const HEADER_BYTES: usize = 4096;
+
+/// How the rows are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowFormat {
+    Bf16 = 1,
+}
+
+impl RowFormat {
+    pub fn bytes_per_value(self) -> usize {
+        match self {
+            RowFormat::Bf16 => 2,
+        }
+    }
+
+    fn from_code(code: u32) -> Option<RowFormat> {
+        match code {
+            1 => Some(RowFormat::Bf16),
+            _ => None,
+        }
+    }
+}
+
+/// What a table file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableHeader {
+    pub format: RowFormat,
+    /// Values per row.
+    pub width: u32,
+    pub layers: u32,
+    /// Rows of all layers.
+    pub rows: u64,
+    /// [`hash_fingerprint`] of the layers' hashes.
+    pub hash_fingerprint: u64,
+    /// [`Checksum`] of the rows' bytes.
+    pub checksum: u64,
+}
+
+impl TableHeader {
+    /// The header a table for `cfg` has (its checksum 0, to be filled in).
+    pub fn for_config(cfg: &ModelConfig) -> Result<TableHeader, CheckpointError> {
+        let hashes = layer_hashes(cfg);
+        if hashes.is_empty() {
+            return Err(CheckpointError("the config has no PLE layer, so no n-gram table".into()));
+        }
+        let heads = cfg.ngram_heads();
+        if heads == 0 || !cfg.ple_embed_dim.is_multiple_of(heads) {
+            return Err(CheckpointError(format!("PLE width {} does not split over {heads} heads", cfg.ple_embed_dim)));
+        }
+        Ok(TableHeader {
+            format: RowFormat::Bf16,
+            width: (cfg.ple_embed_dim / heads) as u32,
+            layers: hashes.len() as u32,
+            rows: hashes.iter().map(|h| h.rows_padded).sum(),
+            hash_fingerprint: hash_fingerprint(&hashes),
+            checksum: 0,
+        })
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.width as usize * self.format.bytes_per_value()
+    }
+
+    /// The rows' bytes: the file's size less the header.
+    pub fn data_bytes(&self) -> u64 {
+        self.rows * self.row_bytes() as u64
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut h = [0u8; HEADER_BYTES];
+        h[0..8].copy_from_slice(&MAGIC);
+        h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&(self.format as u32).to_le_bytes());
+        h[16..20].copy_from_slice(&self.width.to_le_bytes());
+        h[20..24].copy_from_slice(&self.layers.to_le_bytes());
+        h[24..32].copy_from_slice(&self.rows.to_le_bytes());
+        h[32..40].copy_from_slice(&self.hash_fingerprint.to_le_bytes());
+        h[40..48].copy_from_slice(&self.checksum.to_le_bytes());
+        h
+    }
+
+    /// Reads a header; `what` names the file in errors.
+    pub fn decode(h: &[u8], what: &str) -> Result<TableHeader, CheckpointError> {
+        if h.len() < HEADER_BYTES {
+            return Err(CheckpointError(format!(
+                "{what}: truncated: {} bytes, less than the {HEADER_BYTES}-byte header of a PLE table",
+                h.len()
+            )));
+        }
+        if h[0..8] != MAGIC {
+            return Err(CheckpointError(format!("{what}: not a PLE table file (no FNPLETAB magic)")));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(CheckpointError(format!(
+                "{what}: PLE table version {version}, this engine reads version {VERSION}; rewrite it with the ple_table tool"
+            )));
+        }
+        let format = RowFormat::from_code(u32_at(12))
+            .ok_or_else(|| CheckpointError(format!("{what}: unknown row format {}", u32_at(12))))?;
+        Ok(TableHeader {
+            format,
+            width: u32_at(16),
+            layers: u32_at(20),
+            rows: u64_at(24),
+            hash_fingerprint: u64_at(32),
+            checksum: u64_at(40),
+        })
+    }
+}
+
+/// The hashes of the config's PLE layers, in ascending order.
+pub fn layer_hashes(cfg: &ModelConfig) -> Vec<NgramHash> {
+    (0..cfg.ple_layers.len()).map(|k| NgramHash::new(cfg, k)).collect()
+}
+
+/// A fingerprint of the layers' hash constants (multipliers, primes, offsets, padded rows): a
+/// table written for other constants addresses other rows.
+pub fn hash_fingerprint(hashes: &[NgramHash]) -> u64 {
+    let mut c = Checksum::new();
+    for h in hashes {
+        for v in h.multipliers.iter().chain(&h.primes).chain(&h.offsets).chain([&h.rows_padded]) {
+            c.update(&v.to_le_bytes());
+        }
+    }
+    c.finish()
+}
+
+/// A streaming 64-bit checksum of bytes, eight at a time (fast enough for 29 GB in seconds):
+/// each little-endian word is mixed in with a multiply and a rotation; the length ends it.
+#[derive(Clone, Debug)]
+pub struct Checksum {
+    state: u64,
+    pending: [u8; 8],
+    pending_len: usize,
+    total: u64,
+}
+
+impl Default for Checksum {
+    fn default() -> Self {
+        Checksum::new()
+    }
+}
+
+impl Checksum {
+    pub fn new() -> Checksum {
+        Checksum { state: 0xcbf2_9ce4_8422_2325, pending: [0; 8], pending_len: 0, total: 0 }
+    }
+
+    fn mix(&mut self, word: u64) {
+        self.state = (self.state ^ word).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+    }
+
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        self.total += bytes.len() as u64;
+        if self.pending_len > 0 {
+            let take = (8 - self.pending_len).min(bytes.len());
+            self.pending[self.pending_len..self.pending_len + take].copy_from_slice(&bytes[..take]);
+            self.pending_len += take;
+            bytes = &bytes[take..];
+            if self.pending_len < 8 {
+                return;
+            }
+            self.mix(u64::from_le_bytes(self.pending));
+            self.pending_len = 0;
+        }
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            self.mix(u64::from_le_bytes(b));
+        }
+        let rest = words.remainder();
+        self.pending[..rest.len()].copy_from_slice(rest);
+        self.pending_len = rest.len();
+    }
+
+    pub fn finish(mut self) -> u64 {
+        if self.pending_len > 0 {
+            self.pending[self.pending_len..].fill(0);
+            self.mix(u64::from_le_bytes(self.pending));
+        }
+        let total = self.total;
+        self.mix(total);
+        self.state
+    }
+}
+
+/// The row bytes of one stored tensor as bf16 (bf16 as is; f32 and f16 rounded).
+fn bf16_bytes(t: &TensorRef<'_>) -> Result<Vec<u8>, CheckpointError> {
+    match t.dtype {
+        Dtype::BF16 => Ok(t.bytes.to_vec()),
+        Dtype::F32 | Dtype::F16 => {
+            Ok(t.to_f32()?.into_iter().flat_map(|v| half::bf16::from_f32(v).to_le_bytes()).collect())
+        }
+        other => Err(CheckpointError(format!(
+            "tensor `{}` stores n-gram rows as {other:?}; the table is written in bf16 from BF16, F16 or F32 rows \
+             (NVFP4 and FP8 rows are not supported yet)",
+            t.name
+        ))),
+    }
+}
+
+/// Writes the n-gram table of every PLE layer of `cfg` from checkpoint `ck` into `out`, the layout
+/// [`PleTableFile`] maps. The rows come from `…ple_embedding.ngram_embedding.weight` or its
+/// `shard_{s}` parts, in order; shapes are checked. Returns the header written.
+pub fn write_table(cfg: &ModelConfig, ck: &Checkpoint, out: &Path) -> Result<TableHeader, CheckpointError> {
+    let mut header = TableHeader::for_config(cfg)?;
+    let io = |e: std::io::Error| CheckpointError(format!("{}: {e}", out.display()));
+    let file = File::create(out).map_err(io)?;
+    let mut w = BufWriter::with_capacity(1 << 22, file);
+    w.write_all(&[0u8; HEADER_BYTES]).map_err(io)?;
+    let width = header.width as usize;
+    let mut sum = Checksum::new();
+    for (k, &layer) in cfg.ple_layers.iter().enumerate() {
+        let rows = NgramHash::new(cfg, k).rows_padded as usize;
+        let p = format!("model.layers.{layer}.ple.ple_embedding.ngram_embedding");
+        let whole = format!("{p}.weight");
+        let parts: Vec<(String, usize)> = if ck.contains(&whole) {
+            vec![(whole, rows)]
+        } else {
+            let n = cfg.split_ngram_parts;
+            if n == 0 || !rows.is_multiple_of(n) {
+                return Err(CheckpointError(format!("{rows} n-gram rows of layer {layer} do not split into {n} shards")));
+            }
+            (0..n).map(|s| (format!("{p}.shard_{s}.weight"), rows / n)).collect()
+        };
+        for (name, part_rows) in parts {
+            let t = ck.require(&name)?;
+            t.expect_shape(&[part_rows, width])?;
+            let bytes = bf16_bytes(&t)?;
+            sum.update(&bytes);
+            w.write_all(&bytes).map_err(io)?;
+        }
+    }
+    header.checksum = sum.finish();
+    let mut file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.seek(SeekFrom::Start(0)).map_err(io)?;
+    file.write_all(&header.encode()).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    Ok(header)
+}
+
+/// A table file, memory-mapped read-only, its header checked against a config.
+#[derive(Debug)]
+pub struct PleTableFile {
+    pub header: TableHeader,
+    map: Mmap,
+}
+
+impl PleTableFile {
+    /// Maps `path` and checks that it is a whole table for `cfg`'s PLE layers.
+    pub fn open(path: &Path, cfg: &ModelConfig) -> Result<PleTableFile, CheckpointError> {
+        let what = path.display().to_string();
+        let file = File::open(path).map_err(|e| CheckpointError(format!("{what}: {e}")))?;
+        // SAFETY: the mapping is read-only and private to this engine; the table file is not
+        // written while the engine runs (a file changed underneath is outside what it supports).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError(format!("{what}: mapping: {e}")))?;
+        let header = TableHeader::decode(&map, &what)?;
+        let want = TableHeader::for_config(cfg)?;
+        if header.format != want.format || header.width != want.width || header.layers != want.layers {
+            return Err(CheckpointError(format!(
+                "{what}: a table of {} layers of {}-value {:?} rows; the config needs {} layers of {}-value {:?} rows",
+                header.layers, header.width, header.format, want.layers, want.width, want.format
+            )));
+        }
+        if header.rows != want.rows || header.hash_fingerprint != want.hash_fingerprint {
+            return Err(CheckpointError(format!(
+                "{what}: written for another n-gram hash ({} rows, fingerprint {:#018x}; the config gives {} rows, \
+                 {:#018x}): check vocab_size, seed, ngram_vocab_size_base and ple_layer_ids, or rewrite the table",
+                header.rows, header.hash_fingerprint, want.rows, want.hash_fingerprint
+            )));
+        }
+        let size = map.len() as u64;
+        let full = HEADER_BYTES as u64 + header.data_bytes();
+        if size < full {
+            return Err(CheckpointError(format!(
+                "{what}: truncated: {size} bytes, a table of {} rows needs {full}",
+                header.rows
+            )));
+        }
+        if size > full {
+            return Err(CheckpointError(format!("{what}: {} bytes past the last row ({full} expected)", size - full)));
+        }
+        Ok(PleTableFile { header, map })
+    }
+
+    /// Reads every row and checks the checksum (seconds for a full-size table).
+    pub fn verify(&self) -> Result<(), CheckpointError> {
+        let mut sum = Checksum::new();
+        for chunk in self.rows_bytes().chunks(1 << 24) {
+            sum.update(chunk);
+        }
+        let got = sum.finish();
+        if got != self.header.checksum {
+            return Err(CheckpointError(format!(
+                "PLE table checksum {got:#018x}, the header says {:#018x}: the file is damaged",
+                self.header.checksum
+            )));
+        }
+        Ok(())
+    }
+
+    /// The whole mapping, header included (page-aligned, for registering with the device).
+    pub fn mapping(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// Every row's bytes, layer after layer.
+    pub fn rows_bytes(&self) -> &[u8] {
+        &self.map[HEADER_BYTES..]
+    }
+
+    /// The bytes of row `row` (counted over all layers).
+    pub fn row(&self, row: u64) -> &[u8] {
+        let n = self.header.row_bytes();
+        let start = row as usize * n;
+        &self.rows_bytes()[start..start + n]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_is_independent_of_how_the_bytes_are_split() {
+        let bytes: Vec<u8> = (0..1000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let mut whole = Checksum::new();
+        whole.update(&bytes);
+        let whole = whole.finish();
+        for split in [1, 3, 7, 8, 9, 500, 999] {
+            let mut c = Checksum::new();
+            for part in bytes.chunks(split) {
+                c.update(part);
+            }
+            assert_eq!(c.finish(), whole, "parts of {split}");
+        }
+        let mut other = Checksum::new();
+        other.update(&bytes[..999]);
+        assert_ne!(other.finish(), whole, "a shorter input");
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let h = TableHeader {
+            format: RowFormat::Bf16,
+            width: 160,
+            layers: 1,
+            rows: 320_001_536,
+            hash_fingerprint: 0x0123_4567_89ab_cdef,
+            checksum: 42,
+        };
+        assert_eq!(TableHeader::decode(&h.encode(), "t"), Ok(h));
+        assert_eq!(h.data_bytes(), 320_001_536 * 320);
+    }
+}
