@@ -3,27 +3,30 @@
 //! with single and repeated eos; the row gather from a bf16 table in mapped pinned host memory,
 //! ids and gather captured in one graph and replayed token after token, every byte of every row
 //! compared with the table (two PLE layers in one table, so the layer bases show; the published
-//! hash constants and vocabulary, and a small one); and the whole PLE block (ids, gather, the
+//! hash constants and vocabulary, and a small one), and the same from a table file written in the
+//! engine's layout, pinned, registered in place and (where the device reads pageable memory)
+//! mapped; and the whole PLE block (ids, gather, the
 //! stacked key/value GEMV, norms, gate, dilated conv, sum into the streams) against
 //! `reference::ple::ple` over 80 tokens with the conv state carried, at a tiny shape (every tile
 //! candidate of the gather and the gate/conv kernel) and the published one. Fresh tokens, tables,
 //! weights and streams each run, outputs and scratch poisoned before each token.
 
-use engine::cuda::MappedHostBuffer;
+use engine::cuda::{Gpu, MappedHostBuffer};
 use engine::kernels::ple::gate_conv::ple_gate_conv;
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
-    PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTiles, PleWeightsOnDevice,
-    gather_args, table_row_bases,
+    PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
+    PleWeightsOnDevice, Residency, gather_args, table_row_bases,
 };
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
+use engine::model::ple_table::{Checksum, PleTableFile, TableHeader, layer_hashes};
 use engine::model::weights::{Linear, PleWeights};
 use engine::reference::ple::{PleState, ple};
 use flashnext::rng::Rng;
 use half::bf16;
-use kernel_dsl::TileSet;
+use kernel_dsl::{DevPtr, TileSet};
 
 const TOKENS: usize = 80;
 const PLE_LAYERS: usize = 2;
@@ -119,8 +122,52 @@ fn ids_match_the_host_hash_with_a_small_vocabulary() {
     ids_match(&config(384, 7, 1000), "ids-small");
 }
 
-/// Ids and gather in one graph, replayed per token: the rows in the device buffer are the table's
-/// rows, byte for byte, for every tile candidate of the gather.
+/// Replays ids + gather as one graph over the tokens for every gather tile candidate, and checks
+/// every byte of every gathered row against `host_rows` (what `table` holds).
+fn check_gather(gpu: &Gpu, table: DevPtr<bf16>, host_rows: &[bf16], hashes: &[NgramHash], tokens: &[u32], label: &str) {
+    let want_ids = host_ids(hashes, tokens);
+    let mut hash = PleHashOnDevice::new(gpu, hashes).expect("hash constants");
+    let count = hash.ids_per_step();
+    let mut token = gpu.alloc::<u32>(1).expect("alloc");
+    let mut ids = gpu.alloc::<u64>(count).expect("alloc");
+    let mut rows = gpu.alloc::<bf16>(count * WIDTH).expect("alloc");
+    let ki = gpu.kernel::<ple_ids::Kernel>(ple_ids::Tiles::DEFAULT).expect("compile");
+    for tiles in ple_gather_bf16::Tiles::candidates() {
+        let kg = gpu.kernel::<ple_gather_bf16::Kernel>(tiles).expect("compile");
+        hash.reset(gpu).expect("reset");
+        let ids_args = hash.ids_args(token.ptr(), ids.ptr_mut());
+        let gather = gather_args(table, ids.ptr(), rows.ptr_mut(), count, WIDTH);
+        let graph = gpu
+            .capture(|| {
+                // SAFETY: ids as in `ids_match`; the table holds every row an id can address
+                // (the layers' padded rows), `rows` count × WIDTH values.
+                unsafe { ki.launch(gpu, &ids_args) }?;
+                // SAFETY: as above.
+                unsafe { kg.launch(gpu, &gather) }
+            })
+            .expect("capture");
+        for (step, &t) in tokens.iter().enumerate() {
+            gpu.write(&mut token, &[t]).expect("token");
+            gpu.fill_bytes(&mut ids, 0xff).expect("poison");
+            gpu.fill_bytes(&mut rows, 0xff).expect("poison");
+            graph.launch().expect("replay");
+            let got_ids = gpu.download(&ids).expect("ids");
+            assert_eq!(got_ids, want_ids[step], "{label} {tiles:?} token {step}: ids");
+            let got = gpu.download(&rows).expect("rows");
+            for (r, &id) in want_ids[step].iter().enumerate() {
+                let want = &host_rows[id as usize * WIDTH..(id as usize + 1) * WIDTH];
+                let got = &got[r * WIDTH..(r + 1) * WIDTH];
+                assert!(
+                    got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{label} {tiles:?} token {step} row {r} (id {id}) differs from the table"
+                );
+            }
+        }
+    }
+}
+
+/// Ids and gather in one graph, replayed per token, from a table in pinned mapped host memory:
+/// the rows in the device buffer are the table's rows, byte for byte.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gathered_rows_are_the_table_rows_through_a_graph() {
@@ -130,53 +177,54 @@ fn gathered_rows_are_the_table_rows_through_a_graph() {
     let hashes: Vec<NgramHash> = (0..PLE_LAYERS).map(|l| NgramHash::new(&cfg, l)).collect();
     let (_, table_rows) = table_row_bases(&hashes);
     let tokens = tokens(&mut rng, cfg.vocab_size, hashes[0].eos());
-    let want_ids = host_ids(&hashes, &tokens);
-
     let mut table = MappedHostBuffer::<bf16>::new(gpu.context(), table_rows as usize * WIDTH).expect("pinned table");
     for v in table.as_mut_slice() {
         *v = bf16::from_bits(rng.next_u64() as u16);
     }
     println!("table: {table_rows} rows of {WIDTH} bf16 in mapped pinned host memory ({} bytes)", table.size_bytes());
+    check_gather(&gpu, table.ptr(), table.as_slice(), &hashes, &tokens, "pinned");
+}
 
-    let mut hash = PleHashOnDevice::new(&gpu, &hashes).expect("hash constants");
-    let count = hash.ids_per_step();
-    let mut token = gpu.alloc::<u32>(1).expect("alloc");
-    let mut ids = gpu.alloc::<u64>(count).expect("alloc");
-    let mut rows = gpu.alloc::<bf16>(count * WIDTH).expect("alloc");
-    let ki = gpu.kernel::<ple_ids::Kernel>(ple_ids::Tiles::DEFAULT).expect("compile");
-    for tiles in ple_gather_bf16::Tiles::candidates() {
-        let kg = gpu.kernel::<ple_gather_bf16::Kernel>(tiles).expect("compile");
-        hash.reset(&gpu).expect("reset");
-        let ids_args = hash.ids_args(token.ptr(), ids.ptr_mut());
-        let gather = gather_args(table.ptr(), ids.ptr(), rows.ptr_mut(), count, WIDTH);
-        let graph = gpu
-            .capture(|| {
-                // SAFETY: ids as in `ids_match`; the table holds every row an id can address
-                // (the layers' padded rows), `rows` count × WIDTH values.
-                unsafe { ki.launch(&gpu, &ids_args) }?;
-                // SAFETY: as above.
-                unsafe { kg.launch(&gpu, &gather) }
-            })
-            .expect("capture");
-        for (step, &t) in tokens.iter().enumerate() {
-            gpu.write(&mut token, &[t]).expect("token");
-            gpu.fill_bytes(&mut ids, 0xff).expect("poison");
-            gpu.fill_bytes(&mut rows, 0xff).expect("poison");
-            graph.launch().expect("replay");
-            let got_ids = gpu.download(&ids).expect("ids");
-            assert_eq!(got_ids, want_ids[step], "{tiles:?} token {step}: ids");
-            let got = gpu.download(&rows).expect("rows");
-            let host = table.as_slice();
-            for (r, &id) in want_ids[step].iter().enumerate() {
-                let want = &host[id as usize * WIDTH..(id as usize + 1) * WIDTH];
-                let got = &got[r * WIDTH..(r + 1) * WIDTH];
-                assert!(
-                    got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{tiles:?} token {step} row {r} (id {id}) differs from the table"
-                );
+/// A table file written for a config with two PLE layers, opened and made readable by the device
+/// each way this device supports (pinned copy, the mapping registered, the mapping read through
+/// the host's page tables): ids and gather through a graph read the file's rows exactly.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gathered_rows_are_the_table_file_rows() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("gather-file");
+    let mut cfg = config(248_320, 248_044, 1000);
+    cfg.ple_layers = vec![1, 3];
+    cfg.ple_embed_dim = 16 * WIDTH;
+    let hashes = layer_hashes(&cfg);
+    assert_eq!(hashes.len(), PLE_LAYERS);
+    let tokens = tokens(&mut rng, cfg.vocab_size, hashes[0].eos());
+    let mut header = TableHeader::for_config(&cfg).expect("header");
+    let rows: Vec<bf16> = (0..header.rows as usize * WIDTH).map(|_| bf16::from_bits(rng.next_u64() as u16)).collect();
+    let bytes: &[u8] = bytemuck::cast_slice(&rows);
+    let mut sum = Checksum::new();
+    sum.update(bytes);
+    header.checksum = sum.finish();
+    let path = std::env::temp_dir().join(format!("flashnext-gpu-ple-table-{}.bin", std::process::id()));
+    let mut file = header.encode().to_vec();
+    file.extend_from_slice(bytes);
+    std::fs::write(&path, &file).expect("write table");
+
+    for residency in [Residency::Pinned, Residency::Registered, Residency::Pageable, Residency::Auto] {
+        let opened = PleTableFile::open(&path, &cfg).expect("open table");
+        opened.verify().expect("checksum");
+        let table = match PleTableOnHost::load(&gpu, opened, residency) {
+            Ok(t) => t,
+            Err(e) if residency == Residency::Pageable => {
+                println!("pageable table skipped: {e}");
+                continue;
             }
-        }
+            Err(e) => panic!("{residency:?}: {e}"),
+        };
+        check_gather(&gpu, table.rows_ptr(), &rows, &hashes, &tokens, &format!("{residency:?}"));
+        println!("{residency:?}: rows exact");
     }
+    let _ = std::fs::remove_file(path);
 }
 
 fn bf16_values(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {

@@ -96,3 +96,71 @@ impl<T> Drop for MappedHostBuffer<T> {
         let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
     }
 }
+
+/// Host memory that something else owns (a memory-mapped file, a vector), registered with the
+/// driver for as long as this lives: page-locked in place and mapped for the device, read-only.
+/// The owner moves in, so the bytes stay where the registration points (a `Deref` to a heap or
+/// mapped slice does not move them); dropping unregisters, then drops the owner.
+#[derive(Debug)]
+pub struct HostRegistration<O: std::ops::Deref<Target = [u8]>> {
+    ctx: Arc<CudaContext>,
+    owner: O,
+    device_addr: u64,
+}
+
+// SAFETY: the registration holds no thread-bound state; the owner decides whether it may move
+// across threads.
+unsafe impl<O: std::ops::Deref<Target = [u8]> + Send> Send for HostRegistration<O> {}
+// SAFETY: `&self` gives only shared reads of the owner.
+unsafe impl<O: std::ops::Deref<Target = [u8]> + Sync> Sync for HostRegistration<O> {}
+
+impl<O: std::ops::Deref<Target = [u8]>> HostRegistration<O> {
+    /// Registers `owner`'s bytes (non-empty) for reading by the device.
+    pub fn new(ctx: &Arc<CudaContext>, owner: O) -> Result<HostRegistration<O>> {
+        let bytes: &[u8] = &owner;
+        if bytes.is_empty() {
+            return Err(Error::Buffer("registering 0 bytes of host memory".into()));
+        }
+        ctx.bind_to_thread().during("binding the context to register host memory")?;
+        let host = bytes.as_ptr().cast_mut().cast::<std::ffi::c_void>();
+        // SAFETY: `host` and `len` describe memory the owner keeps alive and in place until
+        // `drop` unregisters it; READ_ONLY matches a read-only mapping (the device never writes it).
+        unsafe {
+            sys::cuMemHostRegister_v2(
+                host,
+                bytes.len(),
+                sys::CU_MEMHOSTREGISTER_DEVICEMAP
+                    | sys::CU_MEMHOSTREGISTER_PORTABLE
+                    | sys::CU_MEMHOSTREGISTER_READ_ONLY,
+            )
+        }
+        .result()
+        .map_err(|e| Error::Buffer(format!("registering {} bytes of host memory with the device: {e}", bytes.len())))?;
+        // From here on, dropping `reg` unregisters.
+        let mut reg = HostRegistration { ctx: Arc::clone(ctx), device_addr: 0, owner };
+        let mut addr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was just registered with DEVICEMAP; flags must be 0.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut addr, host, 0) }
+            .result()
+            .during("mapping registered host memory for the device")?;
+        reg.device_addr = addr;
+        Ok(reg)
+    }
+
+    pub fn owner(&self) -> &O {
+        &self.owner
+    }
+
+    /// The device address of the owner's first byte.
+    pub fn device_addr(&self) -> u64 {
+        self.device_addr
+    }
+}
+
+impl<O: std::ops::Deref<Target = [u8]>> Drop for HostRegistration<O> {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the pointer is the one registered in `new` (the owner has not moved its bytes).
+        let _ = unsafe { sys::cuMemHostUnregister(self.owner.as_ptr().cast_mut().cast()) };
+    }
+}

@@ -4,16 +4,24 @@
 //! [`crate::cuda::MappedHostBuffer`]), the key and value projections stacked in one bf16 GEMV,
 //! and [`ple_gate_conv`] (norms, gate, dilated conv with its state, the sum into the streams).
 //!
+//! The table: [`PleTableOnHost`] holds the rows of a table file ([`crate::model::ple_table`]) in
+//! pinned host memory, in the file's mapping registered in place, or in the mapping read through
+//! the host's page tables. The rows never change while the engine runs, so no step can read a row
+//! that is being replaced: there is no device-side cache of rows to evict.
+//!
 //! The residual streams here are f32 [n·d]; the block reads them and writes their sum with its
 //! output to another buffer.
 //!
 //! One table holds every PLE layer's rows, layer after layer (each layer `rows_padded` rows, see
 //! [`table_row_bases`]); the ids the kernel writes already include their layer's first row.
 
+use cudarc::driver::sys::CUdevice_attribute;
 use half::bf16;
 use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
+use memmap2::Mmap;
 
-use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
+use crate::cuda::host_mapped::HostRegistration;
+use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel, MappedHostBuffer};
 use crate::error::{Error, Result};
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::kernels::ple::gate_conv::ple_gate_conv;
@@ -21,6 +29,7 @@ use crate::kernels::ple::gather_bf16::ple_gather_bf16;
 use crate::kernels::ple::ids::ple_ids;
 use crate::model::config::ModelConfig;
 use crate::model::ngram_hash::NgramHash;
+use crate::model::ple_table::{HEADER_BYTES, PleTableFile, RowFormat, TableHeader};
 use crate::model::weights::PleWeights;
 
 /// The first row of each PLE layer's rows in the one table, and the table's total rows.
@@ -376,6 +385,106 @@ impl PleLaunches {
             k.gather.launch(gpu, &self.gather)?;
             k.proj.launch(gpu, &self.proj)?;
             k.gate_conv.launch(gpu, &self.gate_conv)
+        }
+    }
+}
+
+/// How the table's rows are made readable by the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// Copied into pinned, device-mapped host memory ([`MappedHostBuffer`]).
+    Pinned,
+    /// The file's mapping registered in place: its pages locked in RAM and mapped for the device,
+    /// no second copy.
+    Registered,
+    /// The file's mapping read through the host's page tables (the device must support pageable
+    /// memory access: HMM or ATS, as on GB10): nothing is locked, rows fault in from the file.
+    Pageable,
+    /// Pinned when the rows fit in the host's available memory with 4 GiB to spare, pageable
+    /// otherwise (an error where the device cannot read pageable memory).
+    Auto,
+}
+
+/// The PLE table where the device reads it: host memory, never device memory.
+#[derive(Debug)]
+pub enum PleTableOnHost {
+    Pinned { header: TableHeader, rows: MappedHostBuffer<bf16> },
+    Registered { header: TableHeader, mapping: HostRegistration<Mmap> },
+    Pageable { header: TableHeader, mapping: Mmap },
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes; None where it cannot be read.
+fn host_available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl PleTableOnHost {
+    /// Makes the rows of an opened table file readable by the device as `residency` says.
+    pub fn load(gpu: &Gpu, file: PleTableFile, residency: Residency) -> Result<PleTableOnHost> {
+        let (header, mapping) = file.into_parts();
+        if header.format != RowFormat::Bf16 {
+            return Err(Error::Buffer(format!("PLE rows in {:?}: the gather reads bf16 rows", header.format)));
+        }
+        let pageable = gpu
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)
+            .map(|v| v == 1)
+            .unwrap_or(false);
+        let residency = match residency {
+            Residency::Auto => {
+                let fits = host_available_bytes().is_some_and(|a| header.data_bytes() + (4 << 30) <= a);
+                if fits || !pageable { Residency::Pinned } else { Residency::Pageable }
+            }
+            r => r,
+        };
+        Ok(match residency {
+            Residency::Pinned => {
+                let values = (header.rows as usize).checked_mul(header.width as usize).ok_or_else(|| {
+                    Error::Buffer(format!("{} rows of {} values overflow", header.rows, header.width))
+                })?;
+                let mut rows = MappedHostBuffer::<bf16>::new(gpu.context(), values)?;
+                let dst: &mut [u8] = bytemuck::cast_slice_mut(rows.as_mut_slice());
+                dst.copy_from_slice(&mapping[HEADER_BYTES..]);
+                PleTableOnHost::Pinned { header, rows }
+            }
+            Residency::Registered => {
+                PleTableOnHost::Registered { header, mapping: HostRegistration::new(gpu.context(), mapping)? }
+            }
+            Residency::Pageable | Residency::Auto => {
+                if !pageable {
+                    return Err(Error::Buffer(format!(
+                        "{} cannot read pageable host memory, and the PLE table ({} bytes) must be pinned or registered",
+                        gpu.info().name,
+                        header.data_bytes()
+                    )));
+                }
+                PleTableOnHost::Pageable { header, mapping }
+            }
+        })
+    }
+
+    pub fn header(&self) -> &TableHeader {
+        match self {
+            PleTableOnHost::Pinned { header, .. }
+            | PleTableOnHost::Registered { header, .. }
+            | PleTableOnHost::Pageable { header, .. } => header,
+        }
+    }
+
+    /// The device address of row 0, for the gather.
+    pub fn rows_ptr(&self) -> DevPtr<bf16> {
+        match self {
+            PleTableOnHost::Pinned { rows, .. } => rows.ptr(),
+            PleTableOnHost::Registered { mapping, .. } => {
+                DevPtr::from_addr(mapping.device_addr() + HEADER_BYTES as u64)
+            }
+            // With pageable memory access the host's addresses are the device's.
+            PleTableOnHost::Pageable { mapping, .. } => {
+                DevPtr::from_addr(mapping.as_ptr() as u64 + HEADER_BYTES as u64)
+            }
         }
     }
 }

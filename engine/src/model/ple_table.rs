@@ -256,7 +256,9 @@ pub fn write_table(cfg: &ModelConfig, ck: &Checkpoint, out: &Path) -> Result<Tab
         } else {
             let n = cfg.split_ngram_parts;
             if n == 0 || !rows.is_multiple_of(n) {
-                return Err(CheckpointError(format!("{rows} n-gram rows of layer {layer} do not split into {n} shards")));
+                return Err(CheckpointError(format!(
+                    "{rows} n-gram rows of layer {layer} do not split into {n} shards"
+                )));
             }
             (0..n).map(|s| (format!("{p}.shard_{s}.weight"), rows / n)).collect()
         };
@@ -339,6 +341,11 @@ impl PleTableFile {
     /// The whole mapping, header included (page-aligned, for registering with the device).
     pub fn mapping(&self) -> &[u8] {
         &self.map
+    }
+
+    /// The header and the mapping (the rows start [`HEADER_BYTES`] into it).
+    pub fn into_parts(self) -> (TableHeader, Mmap) {
+        (self.header, self.map)
     }
 
     /// Every row's bytes, layer after layer.
