@@ -5,6 +5,8 @@
 //! - `ids`: the hash kernel alone.
 //! - `gather`: the gather of 16 rows of 160 bf16 (5120 bytes) alone, fresh random ids each replay.
 //! - `ids+gather`: the two in sequence: the time PLE adds from the token to the rows.
+//! - `ple block` (large pinned table only): ids, gather, the key/value GEMV and gate+conv at the
+//!   published shape: the token to the PLE layer's output, when nothing overlaps it.
 //!
 //! Each graph chains CHAIN steps (every step reads its own token or ids, dependent launches as in
 //! a decode step), so a replay's time over CHAIN is the per-step latency including the gap
@@ -13,7 +15,9 @@
 //! each replay, so the rows read are new ones (not in L2 from the previous replay).
 //!
 //! Tables: 64 MiB, and as large as the machine pins of 29, 16, 8 GB (the line says which), filled
-//! with zeros by a host memset at allocation (the bytes do not change the timing). A 29 GB table
+//! with zeros by a host memset at allocation (the bytes do not change the timing); then a table
+//! file (sparse, FLASHNEXT_PLE_FILE_GB, default 8, in FLASHNEXT_PLE_FILE_DIR or the temp
+//! directory) registered in place and, where the device reads pageable memory, mapped. A 29 GB table
 //! is the NVFP4 table's size; in bf16 it holds fewer rows than the model's 320 M (the hash's
 //! primes are scaled down to fit it), and a bf16 row is 320 bytes where an NVFP4 row is 90.
 //! Lines go to stdout and to $OUT/bench-ple.jsonl (or target/bench-ple.jsonl).
@@ -24,12 +28,16 @@ use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph, MappedHostBuffer};
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::ids::ple_ids;
-use engine::layers::ple::{PleHashOnDevice, gather_args};
+use engine::layers::ple::{
+    PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
+    PleWeightsOnDevice, Residency, gather_args,
+};
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
+use engine::model::ple_table::{HEADER_BYTES, PleTableFile, TableHeader};
 use flashnext::rng::Rng;
 use half::bf16;
-use kernel_dsl::TileSet;
+use kernel_dsl::{DevPtr, TileSet};
 
 const WIDTH: usize = 160;
 const HEADS: usize = 16;
@@ -112,22 +120,29 @@ fn pin_table(gpu: &Gpu, sizes: &[usize]) -> Option<(MappedHostBuffer<bf16>, usiz
     None
 }
 
+/// A hash whose rows fit in a table of `table_rows` rows (and nearly fill it).
+fn fitting_hash(table_rows: u64) -> (ModelConfig, NgramHash) {
+    // 16 primes from this base sum to at most the table's rows once padded.
+    let cfg = config(table_rows / HEADS as u64 - 1024);
+    let hash = NgramHash::new(&cfg, 0);
+    assert!(hash.rows_padded <= table_rows, "hash rows {} > table rows {table_rows}", hash.rows_padded);
+    (cfg, hash)
+}
+
+/// The ids, the gather and the two together, from `table` (`table_bytes` of bf16 rows).
 #[allow(clippy::too_many_arguments)]
-fn bench_table(
+fn bench_rows(
     gpu: &Gpu,
     out: &mut Sink,
     rng: &mut Rng,
     ki: &engine::cuda::LoadedKernel<ple_ids::Kernel>,
     kg: &engine::cuda::LoadedKernel<ple_gather_bf16::Kernel>,
-    table: &MappedHostBuffer<bf16>,
+    table: DevPtr<bf16>,
     table_bytes: usize,
     tag: &str,
 ) {
     let table_rows = (table_bytes / (2 * WIDTH)) as u64;
-    // 16 primes from this base sum to at most the table's rows once padded.
-    let cfg = config(table_rows / HEADS as u64 - 1024);
-    let hash_host = NgramHash::new(&cfg, 0);
-    assert!(hash_host.rows_padded <= table_rows, "hash rows {} > table rows {table_rows}", hash_host.rows_padded);
+    let (_, hash_host) = fitting_hash(table_rows);
     let mut hash = PleHashOnDevice::new(gpu, std::slice::from_ref(&hash_host)).expect("hash constants");
     let rows_bytes = HEADS * WIDTH * 2;
 
@@ -142,7 +157,7 @@ fn bench_table(
             .map(|s| {
                 let i = hash.ids_args(tokens.ptr().offset(s as u64), ids.ptr_mut().offset((s * HEADS) as u64));
                 let g = gather_args(
-                    table.ptr(),
+                    table,
                     ids.ptr().offset((s * HEADS) as u64),
                     rows.ptr_mut().offset((s * HEADS * WIDTH) as u64),
                     HEADS,
@@ -200,7 +215,7 @@ fn main() {
 
     let small = 64 << 20;
     let (table, bytes) = pin_table(&gpu, &[small]).expect("a 64 MiB pinned table");
-    bench_table(&gpu, &mut out, &mut rng, &ki, &kg, &table, bytes, "64MiB");
+    bench_rows(&gpu, &mut out, &mut rng, &ki, &kg, table.ptr(), bytes, "64MiB");
     drop(table);
 
     let large: Vec<usize> = match std::env::var("FLASHNEXT_PLE_TABLE_GB").ok().and_then(|s| s.parse::<usize>().ok()) {
@@ -210,8 +225,138 @@ fn main() {
     match pin_table(&gpu, &large) {
         Some((table, bytes)) => {
             let tag = format!("{}GB", bytes / GB);
-            bench_table(&gpu, &mut out, &mut rng, &ki, &kg, &table, bytes, &tag);
+            bench_rows(&gpu, &mut out, &mut rng, &ki, &kg, table.ptr(), bytes, &tag);
+            bench_block(&gpu, &mut out, &mut rng, table.ptr(), bytes, &tag);
         }
         None => println!("no large table could be pinned"),
     }
+
+    bench_file(&gpu, &mut out, &mut rng, &ki, &kg);
+}
+
+/// The whole PLE block at the published shape (4 streams of 2560, 16 heads of 160), chained
+/// CHAIN steps in a graph: ids, gather, the stacked key/value GEMV (65.5 MB of bf16 weights),
+/// gate and conv. Weights of 4 layers (zeros: the time does not depend on the values) rotate
+/// through the chain, 262 MB, beyond the 60 MB L2.
+fn bench_block(gpu: &Gpu, out: &mut Sink, rng: &mut Rng, table: DevPtr<bf16>, table_bytes: usize, tag: &str) {
+    const WEIGHT_SETS: usize = 4;
+    let (mut cfg, hash_host) = fitting_hash((table_bytes / (2 * WIDTH)) as u64);
+    cfg.hc_streams = 4;
+    cfg.hidden_size = 2560;
+    cfg.ple_embed_dim = 2560;
+    cfg.ple_conv_kernel = 4;
+    let shape = PleShape::from_config(&cfg).expect("shape");
+    let k = PleKernels::load(gpu, PleTiles::default()).expect("compile");
+    let zeros = |n: usize| gpu.alloc::<bf16>(n).expect("alloc");
+    let nd = shape.residual_width();
+    let weights: Vec<PleWeightsOnDevice> = (0..WEIGHT_SETS)
+        .map(|_| PleWeightsOnDevice {
+            shape,
+            proj: zeros(shape.proj_rows() * shape.embed_dim()),
+            norm_key: zeros(nd),
+            norm_query: zeros(nd),
+            norm_conv: zeros(nd),
+            conv: zeros(nd * shape.conv_kernel),
+        })
+        .collect();
+    let mut states: Vec<PleStateOnDevice> =
+        (0..WEIGHT_SETS).map(|_| PleStateOnDevice::new(gpu, shape).expect("state")).collect();
+    let mut scratch = PleScratch::new(gpu, shape).expect("scratch");
+    let mut hash = PleHashOnDevice::new(gpu, std::slice::from_ref(&hash_host)).expect("hash");
+    let mut tokens = gpu.alloc::<u32>(CHAIN).expect("alloc");
+    let mut ids: DeviceBuffer<u64> = gpu.alloc(CHAIN * HEADS).expect("alloc");
+    let x = gpu.alloc::<f32>(nd).expect("alloc");
+    let mut y = gpu.alloc::<f32>(nd).expect("alloc");
+    let steps: Vec<_> = (0..CHAIN)
+        .map(|s| {
+            let i = hash.ids_args(tokens.ptr().offset(s as u64), ids.ptr_mut().offset((s * HEADS) as u64));
+            let l = PleLaunches::new(
+                &weights[s % WEIGHT_SETS],
+                &mut states[s % WEIGHT_SETS],
+                &mut scratch,
+                table,
+                ids.ptr().offset((s * HEADS) as u64),
+                x.ptr(),
+                y.ptr_mut(),
+            );
+            (i, l)
+        })
+        .collect();
+    let graph = gpu
+        .capture(|| {
+            for (i, l) in &steps {
+                // SAFETY: every buffer lives to the end of this function; the ids address rows of
+                // the table (the hash fits it).
+                unsafe {
+                    k.ids.launch(gpu, i)?;
+                    l.enqueue(gpu, &k)?;
+                }
+            }
+            Ok(())
+        })
+        .expect("capture");
+    let t = replay_times(gpu, &graph, CHAIN, || {
+        let fresh: Vec<u32> = (0..CHAIN).map(|_| (rng.next_u64() % 248_320) as u32).collect();
+        gpu.write(&mut tokens, &fresh).expect("tokens");
+    });
+    let bytes = HEADS * WIDTH * 2
+        + shape.proj_rows() * shape.embed_dim() * 2
+        + nd * (3 + shape.conv_kernel) * 2
+        + shape.conv_depth() * nd * 4 * 2
+        + nd * 4 * 2;
+    report(
+        out,
+        &format!("ple block (ids, gather, kv gemv, gate+conv) published shape {tag} x{CHAIN}"),
+        table_bytes,
+        bytes,
+        t,
+    );
+}
+
+/// The ids and the gather from a table file: a sparse file of FLASHNEXT_PLE_FILE_GB (default 8)
+/// GB in the temp directory (zeros; its pages come from the page cache, never from the disk),
+/// registered in place, and read through the host's page tables where the device can.
+fn bench_file(
+    gpu: &Gpu,
+    out: &mut Sink,
+    rng: &mut Rng,
+    ki: &engine::cuda::LoadedKernel<ple_ids::Kernel>,
+    kg: &engine::cuda::LoadedKernel<ple_gather_bf16::Kernel>,
+) {
+    let gb = std::env::var("FLASHNEXT_PLE_FILE_GB").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(8);
+    let (mut cfg, hash) = fitting_hash((gb * GB / (2 * WIDTH)) as u64);
+    cfg.ple_layers = vec![0];
+    cfg.ple_embed_dim = HEADS * WIDTH;
+    let header = TableHeader::for_config(&cfg).expect("header");
+    assert_eq!(header.rows, hash.rows_padded);
+    let dir =
+        std::env::var_os("FLASHNEXT_PLE_FILE_DIR").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let path = dir.join(format!("flashnext-ple-bench-{}.bin", std::process::id()));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&path)?;
+        f.write_all(&header.encode())?;
+        f.set_len((HEADER_BYTES as u64) + header.data_bytes())
+    })();
+    if let Err(e) = written {
+        println!("table file at {} not written: {e}", path.display());
+        return;
+    }
+    let table_bytes = header.data_bytes() as usize;
+    for residency in [Residency::Registered, Residency::Pageable] {
+        let file = PleTableFile::open(&path, &cfg).expect("open table");
+        let start = std::time::Instant::now();
+        match PleTableOnHost::load(gpu, file, residency) {
+            Ok(table) => {
+                println!(
+                    "{residency:?} table file of {:.2} GB ready in {:.1} s",
+                    table_bytes as f64 / 1e9,
+                    start.elapsed().as_secs_f64()
+                );
+                let tag = format!("file-{residency:?}-{gb}GB");
+                bench_rows(gpu, out, rng, ki, kg, table.rows_ptr(), table_bytes, &tag);
+            }
+            Err(e) => println!("{residency:?} table file: {e}"),
+        }
+    }
+    let _ = std::fs::remove_file(&path);
 }
