@@ -51,9 +51,7 @@ fn tokens(rng: &mut Rng, vocab: usize, eos: u32) -> Vec<u32> {
     let mut i = 3;
     while i < TOKENS {
         let run = 1 + (rng.next_u64() % 3) as usize;
-        for j in i..(i + run).min(TOKENS) {
-            t[j] = eos;
-        }
+        t[i..(i + run).min(TOKENS)].fill(eos);
         i += run + 2 + (rng.next_u64() % 9) as usize;
     }
     t
