@@ -5,6 +5,9 @@
 //! - `ids`: the hash kernel alone.
 //! - `gather`: the gather of 16 rows of 160 bf16 (5120 bytes) alone, fresh random ids each replay.
 //! - `ids+gather`: the two in sequence: the time PLE adds from the token to the rows.
+//! - `ple critical path` (large pinned table only): layer 0's stand-in alone, with the ids and
+//!   the gather beside it on a side stream, and after them on one stream; and the differences:
+//!   what PLE adds to the critical path per token, from the token known to the rows ready.
 //! - `ple block` (large pinned table only): ids, gather, the key/value GEMV and gate+conv at the
 //!   published shape: the token to the PLE layer's output, when nothing overlaps it.
 //!
@@ -25,7 +28,8 @@
 use std::io::Write;
 
 use engine::cuda::timing::EventTimer;
-use engine::cuda::{DeviceBuffer, Gpu, Graph, MappedHostBuffer};
+use engine::cuda::{DeviceBuffer, Gpu, Graph, MappedHostBuffer, SideStream};
+use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
@@ -227,6 +231,7 @@ fn main() {
             let tag = format!("{}GB", bytes / GB);
             bench_rows(&gpu, &mut out, &mut rng, &ki, &kg, table.ptr(), bytes, &tag);
             bench_block(&gpu, &mut out, &mut rng, table.ptr(), bytes, &tag);
+            bench_overlap(&gpu, &mut out, &mut rng, &ki, &kg, table.ptr(), bytes, &tag);
         }
         None => println!("no large table could be pinned"),
     }
@@ -359,4 +364,106 @@ fn bench_file(
         }
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// What the ids and the gather add to the critical path when they run on a side stream beside
+/// layer 0. Layer 0's stand-in: a 12800 × 2560 bf16 GEMV (65.5 MB, a GDN input projection's size),
+/// two such matrices alternating (131 MB, beyond the L2). Three graphs of CHAIN steps: layer 0
+/// alone; the ids and gather forked onto the side stream, layer 0 on the main stream, the join;
+/// the ids, the gather and layer 0 one after the other on the main stream. The differences of
+/// the medians are what PLE adds per token, overlapped and not.
+#[allow(clippy::too_many_arguments)]
+fn bench_overlap(
+    gpu: &Gpu,
+    out: &mut Sink,
+    rng: &mut Rng,
+    ki: &engine::cuda::LoadedKernel<ple_ids::Kernel>,
+    kg: &engine::cuda::LoadedKernel<ple_gather_bf16::Kernel>,
+    table: DevPtr<bf16>,
+    table_bytes: usize,
+    tag: &str,
+) {
+    const ROWS: usize = 12800;
+    const COLS: usize = 2560;
+    let (_, hash_host) = fitting_hash((table_bytes / (2 * WIDTH)) as u64);
+    let mut hash = PleHashOnDevice::new(gpu, std::slice::from_ref(&hash_host)).expect("hash");
+    let kl = gpu.kernel::<gemv_bf16::Kernel>(gemv_bf16::Tiles::DEFAULT).expect("compile");
+    let side = SideStream::new(gpu).expect("side stream");
+    let weights: Vec<DeviceBuffer<bf16>> = (0..2).map(|_| gpu.alloc(ROWS * COLS).expect("alloc")).collect();
+    let x = gpu.alloc::<bf16>(COLS).expect("alloc");
+    let mut y = gpu.alloc::<bf16>(ROWS).expect("alloc");
+    let mut partial = gpu.alloc::<f32>(16 * ROWS).expect("alloc");
+    let mut counters = gpu.alloc::<u32>(ROWS).expect("alloc");
+    let mut tokens = gpu.alloc::<u32>(CHAIN).expect("alloc");
+    let mut ids: DeviceBuffer<u64> = gpu.alloc(CHAIN * HEADS).expect("alloc");
+    let mut rows: DeviceBuffer<bf16> = gpu.alloc(CHAIN * HEADS * WIDTH).expect("alloc");
+    let steps: Vec<_> = (0..CHAIN)
+        .map(|s| {
+            let i = hash.ids_args(tokens.ptr().offset(s as u64), ids.ptr_mut().offset((s * HEADS) as u64));
+            let g = gather_args(
+                table,
+                ids.ptr().offset((s * HEADS) as u64),
+                rows.ptr_mut().offset((s * HEADS * WIDTH) as u64),
+                HEADS,
+                WIDTH,
+            );
+            let l = gemv_bf16::Args {
+                w: weights[s % 2].ptr(),
+                x: x.ptr(),
+                y: y.ptr_mut(),
+                partial: partial.ptr_mut(),
+                counters: counters.ptr_mut(),
+                rows: ROWS as u32,
+                cols: COLS as u32,
+            };
+            (i, g, l)
+        })
+        .collect();
+    let mut medians = Vec::new();
+    for which in ["layer 0 alone", "layer 0 + ids+gather on a side stream", "layer 0 after ids+gather, one stream"] {
+        let graph = gpu
+            .capture(|| {
+                for (i, g, l) in &steps {
+                    // SAFETY: every buffer lives to the end of this function; the ids address rows
+                    // of the table; layer 0's stand-in touches none of PLE's buffers.
+                    unsafe {
+                        match which {
+                            "layer 0 alone" => {}
+                            "layer 0 + ids+gather on a side stream" => {
+                                side.fork(gpu)?;
+                                ki.launch_on(gpu, side.stream(), i)?;
+                                kg.launch_on(gpu, side.stream(), g)?;
+                            }
+                            _ => {
+                                ki.launch(gpu, i)?;
+                                kg.launch(gpu, g)?;
+                            }
+                        }
+                        kl.launch(gpu, l)?;
+                        if which == "layer 0 + ids+gather on a side stream" {
+                            side.join(gpu)?;
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .expect("capture");
+        let t = replay_times(gpu, &graph, CHAIN, || {
+            let fresh: Vec<u32> = (0..CHAIN).map(|_| (rng.next_u64() % 248_320) as u32).collect();
+            gpu.write(&mut tokens, &fresh).expect("tokens");
+        });
+        report(out, &format!("ple critical path: {which} {tag} x{CHAIN}"), table_bytes, ROWS * COLS * 2, t);
+        medians.push(t.0);
+    }
+    for (which, m) in [("overlapped", medians[1]), ("serial", medians[2])] {
+        let added = (m - medians[0]) * 1e6;
+        println!("ple added to the critical path ({which}, {tag}): {added:.2} us per token (medians' difference)");
+        if let Some(f) = out.jsonl.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"bench\":\"ple\",\"label\":\"ple added ({which}) {tag}\",\"device\":\"{}\",\"us_per_step\":{added:.3},\"table_bytes\":{table_bytes}}}",
+                out.device
+            );
+        }
+    }
 }

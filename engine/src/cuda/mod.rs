@@ -9,6 +9,7 @@ pub mod graph;
 pub mod host_mapped;
 pub mod kernel;
 pub mod nvrtc;
+pub mod side_stream;
 pub mod timing;
 
 pub use buffer::DeviceBuffer;
@@ -16,3 +17,4 @@ pub use device::{DeviceInfo, Gpu};
 pub use graph::Graph;
 pub use host_mapped::MappedHostBuffer;
 pub use kernel::LoadedKernel;
+pub use side_stream::SideStream;

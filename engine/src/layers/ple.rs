@@ -21,7 +21,7 @@ use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
 use memmap2::Mmap;
 
 use crate::cuda::host_mapped::HostRegistration;
-use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel, MappedHostBuffer};
+use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel, MappedHostBuffer, SideStream};
 use crate::error::{Error, Result};
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::kernels::ple::gate_conv::ple_gate_conv;
@@ -383,10 +383,49 @@ impl PleLaunches {
         // SAFETY: the caller's guarantees, and each buffer has the length its launch indexes.
         unsafe {
             k.gather.launch(gpu, &self.gather)?;
+            self.enqueue_block(gpu, k)
+        }
+    }
+
+    /// Enqueues the projections and the gate/conv only: the rows were gathered before (on a side
+    /// stream by [`enqueue_rows_on_side`], joined back before this).
+    ///
+    /// # Safety
+    /// As for [`enqueue`](Self::enqueue).
+    pub unsafe fn enqueue_block(&self, gpu: &Gpu, k: &PleKernels) -> Result<()> {
+        // SAFETY: the caller's guarantees, and each buffer has the length its launch indexes.
+        unsafe {
             k.proj.launch(gpu, &self.proj)?;
             k.gate_conv.launch(gpu, &self.gate_conv)
         }
     }
+}
+
+/// Enqueues the step's ids and every PLE layer's gather (`gathers`, from [`PleLaunches`]) on
+/// `side`, forked from the main stream here: call it as soon as the token is on the device (before
+/// layer 0), so that hashing and the reads over the bus run beside layer 0; `side.join(gpu)` before
+/// the first PLE layer's [`PleLaunches::enqueue_block`]. Nothing waits on the host; in a capture
+/// the fork and the join become the graph's branches.
+///
+/// # Safety
+/// As for [`PleLaunches::enqueue`], and nothing on the main stream between the fork and the join
+/// may write the token, the history, the ids or the rows.
+pub unsafe fn enqueue_rows_on_side(
+    gpu: &Gpu,
+    side: &SideStream,
+    k: &PleKernels,
+    ids: &ple_ids::Args,
+    gathers: &[ple_gather_bf16::Args],
+) -> Result<()> {
+    side.fork(gpu)?;
+    // SAFETY: the caller's guarantees; the side stream orders the gathers after the ids.
+    unsafe {
+        k.ids.launch_on(gpu, side.stream(), ids)?;
+        for g in gathers {
+            k.gather.launch_on(gpu, side.stream(), g)?;
+        }
+    }
+    Ok(())
 }
 
 /// How the table's rows are made readable by the device.
