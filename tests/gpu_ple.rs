@@ -5,7 +5,8 @@
 //! compared with the table (two PLE layers in one table, so the layer bases show; the published
 //! hash constants and vocabulary, and a small one), and the same from a table file written in the
 //! engine's layout, pinned, registered in place and (where the device reads pageable memory)
-//! mapped; and the whole PLE block (ids, gather, the
+//! mapped; the NVFP4 gather against the host's dequantisation, bit for bit; and the whole PLE
+//! block (ids, gather, the
 //! stacked key/value GEMV, norms, gate, dilated conv, sum into the streams) against
 //! `reference::ple::ple` over 80 tokens with the conv state carried, at a tiny shape (every tile
 //! candidate of the gather and the gate/conv kernel) and the published one, eagerly and as one
@@ -17,6 +18,7 @@ use engine::cuda::{Gpu, MappedHostBuffer, SideStream};
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::kernels::ple::gate_conv::ple_gate_conv;
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
+use engine::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
     PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
@@ -24,7 +26,8 @@ use engine::layers::ple::{
 };
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
-use engine::model::ple_table::{Checksum, PleTableFile, TableHeader, layer_hashes};
+use engine::model::nvfp4::Nvfp4Matrix;
+use engine::model::ple_table::{Checksum, PleTableFile, TableHeader, layer_hashes, nvfp4_row_words, nvfp4_rows};
 use engine::model::weights::{Linear, PleWeights};
 use engine::reference::ple::{PleState, ple};
 use flashnext::rng::Rng;
@@ -184,6 +187,82 @@ fn gathered_rows_are_the_table_rows_through_a_graph() {
     }
     println!("table: {table_rows} rows of {WIDTH} bf16 in mapped pinned host memory ({} bytes)", table.size_bytes());
     check_gather(&gpu, table.ptr(), table.as_slice(), &hashes, &tokens, "pinned");
+}
+
+/// The NVFP4 gather: a random NVFP4 table (codes anything, scales 2^-3 to 2^3) in the table's
+/// row layout in mapped pinned host memory, ids and gather as one graph per token; every gathered
+/// value is the host's dequantisation (code · scale · scale_2) rounded to bf16, bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gathered_nvfp4_rows_are_the_dequantised_table() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("gather-nvfp4");
+    let cfg = config(248_320, 248_044, 1000);
+    let hashes: Vec<NgramHash> = (0..PLE_LAYERS).map(|l| NgramHash::new(&cfg, l)).collect();
+    let (_, table_rows) = table_row_bases(&hashes);
+    let tokens = tokens(&mut rng, cfg.vocab_size, hashes[0].eos());
+    let want_ids = host_ids(&hashes, &tokens);
+    let rows_n = table_rows as usize;
+    let mut packed = vec![0u8; rows_n * WIDTH / 2];
+    for b in packed.iter_mut() {
+        *b = rng.next_u64() as u8;
+    }
+    // e4m3 codes with exponent fields 4..10: 2^-3 to 2^3 times 1.mmm.
+    let scales =
+        (0..rows_n * WIDTH / 16).map(|_| (((rng.next_u64() % 7 + 4) << 3) | (rng.next_u64() % 8)) as u8).collect();
+    let m = Nvfp4Matrix { rows: rows_n, cols: WIDTH, packed, scales, scale_2: 0.37 + rng.uniform() };
+    let want_values: Vec<u16> = m.dequantise().into_iter().map(|v| bf16::from_f32(v).to_bits()).collect();
+    let words = nvfp4_row_words(WIDTH);
+    let mut table = MappedHostBuffer::<u32>::new(gpu.context(), rows_n * words).expect("pinned table");
+    table.as_mut_slice().copy_from_slice(&nvfp4_rows(&m));
+
+    let mut hash = PleHashOnDevice::new(&gpu, &hashes).expect("hash constants");
+    let count = hash.ids_per_step();
+    let mut token = gpu.alloc::<u32>(1).expect("alloc");
+    let mut ids = gpu.alloc::<u64>(count).expect("alloc");
+    let mut rows = gpu.alloc::<bf16>(count * WIDTH).expect("alloc");
+    let ki = gpu.kernel::<ple_ids::Kernel>(ple_ids::Tiles::DEFAULT).expect("compile");
+    for tiles in ple_gather_nvfp4::Tiles::candidates() {
+        let kg = gpu.kernel::<ple_gather_nvfp4::Kernel>(tiles).expect("compile");
+        hash.reset(&gpu).expect("reset");
+        let ids_args = hash.ids_args(token.ptr(), ids.ptr_mut());
+        let gather = ple_gather_nvfp4::Args {
+            table: table.ptr(),
+            ids: ids.ptr(),
+            rows: rows.ptr_mut(),
+            count: count as u32,
+            width: WIDTH as u32,
+            row_words: words as u32,
+            scale2: m.scale_2,
+        };
+        let graph = gpu
+            .capture(|| {
+                // SAFETY: the table holds every row an id can address, `rows` count × WIDTH values.
+                unsafe {
+                    ki.launch(&gpu, &ids_args)?;
+                    kg.launch(&gpu, &gather)
+                }
+            })
+            .expect("capture");
+        for (step, &t) in tokens.iter().enumerate() {
+            gpu.write(&mut token, &[t]).expect("token");
+            gpu.fill_bytes(&mut ids, 0xff).expect("poison");
+            gpu.fill_bytes(&mut rows, 0xff).expect("poison");
+            graph.launch().expect("replay");
+            let got = gpu.download(&rows).expect("rows");
+            for (r, &id) in want_ids[step].iter().enumerate() {
+                let want = &want_values[id as usize * WIDTH..(id as usize + 1) * WIDTH];
+                for (c, (g, w)) in got[r * WIDTH..(r + 1) * WIDTH].iter().zip(want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        *w,
+                        "{tiles:?} token {step} row {r} (id {id}) value {c}: got {g}, want {}",
+                        bf16::from_bits(*w)
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// A table file written for a config with two PLE layers, opened and made readable by the device

@@ -23,5 +23,6 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &gdn::state_update::gdn_state_update::ERASED,
     &ple::ids::ple_ids::ERASED,
     &ple::gather_bf16::ple_gather_bf16::ERASED,
+    &ple::gather_nvfp4::ple_gather_nvfp4::ERASED,
     &ple::gate_conv::ple_gate_conv::ERASED,
 ];

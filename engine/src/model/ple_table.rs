@@ -23,6 +23,7 @@ use safetensors::Dtype;
 use super::checkpoint::{Checkpoint, CheckpointError, TensorRef};
 use super::config::ModelConfig;
 use super::ngram_hash::NgramHash;
+use super::nvfp4::{BLOCK, Nvfp4Matrix};
 
 pub const MAGIC: [u8; 8] = *b"FNPLETAB";
 pub const VERSION: u32 = 1;
@@ -142,6 +143,27 @@ impl TableHeader {
             checksum: u64_at(40),
         })
     }
+}
+
+/// 32-bit words of one NVFP4 row of `width` values as the NVFP4 gather reads it: the e2m1 codes
+/// (`width / 2` bytes, the even value in the low nibble), one e4m3 scale per 16 values, zeros to
+/// a multiple of 16 bytes (96 bytes for the published 160 values).
+pub fn nvfp4_row_words(width: usize) -> usize {
+    (width / 2 + width / BLOCK).div_ceil(16) * 4
+}
+
+/// The rows of `m` in that layout, row after row (the global scale `scale_2` is not in the rows).
+pub fn nvfp4_rows(m: &Nvfp4Matrix) -> Vec<u32> {
+    let words = nvfp4_row_words(m.cols);
+    let (code_bytes, blocks) = (m.cols / 2, m.cols / BLOCK);
+    let mut out = vec![0u32; m.rows * words];
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+    for r in 0..m.rows {
+        let row = &mut bytes[r * words * 4..(r + 1) * words * 4];
+        row[..code_bytes].copy_from_slice(&m.packed[r * code_bytes..(r + 1) * code_bytes]);
+        row[code_bytes..code_bytes + blocks].copy_from_slice(&m.scales[r * blocks..(r + 1) * blocks]);
+    }
+    out
 }
 
 /// The hashes of the config's PLE layers, in ascending order.
@@ -381,6 +403,27 @@ mod tests {
         let mut other = Checksum::new();
         other.update(&bytes[..999]);
         assert_ne!(other.finish(), whole, "a shorter input");
+    }
+
+    #[test]
+    fn nvfp4_rows_hold_codes_then_scales() {
+        assert_eq!(nvfp4_row_words(160), 24);
+        let m = Nvfp4Matrix {
+            rows: 2,
+            cols: 32,
+            packed: (0..32).map(|i| i as u8).collect(),
+            scales: vec![0x38, 0x40, 0x30, 0x48],
+            scale_2: 1.0,
+        };
+        let words = nvfp4_row_words(32);
+        assert_eq!(words, 8);
+        let rows = nvfp4_rows(&m);
+        let bytes: &[u8] = bytemuck::cast_slice(&rows);
+        assert_eq!(&bytes[..16], &m.packed[..16]);
+        assert_eq!(&bytes[16..18], &[0x38, 0x40]);
+        assert!(bytes[18..32].iter().all(|&b| b == 0));
+        assert_eq!(&bytes[32..48], &m.packed[16..]);
+        assert_eq!(&bytes[48..50], &[0x30, 0x48]);
     }
 
     #[test]
