@@ -3,7 +3,8 @@
 //!
 //! Figures, each per step (one token), as the median, p10 and p90 over replays:
 //! - `ids`: the hash kernel alone.
-//! - `gather`: the gather of 16 rows of 160 bf16 (5120 bytes) alone, fresh random ids each replay.
+//! - `gather`: the gather of 16 rows of 160 values alone, fresh random ids each replay: bf16 rows
+//!   (5120 bytes) or NVFP4 rows (96 bytes each, 1536 bytes, dequantised to bf16 on the device).
 //! - `ids+gather`: the two in sequence: the time PLE adds from the token to the rows.
 //! - `ple critical path` (large pinned table only): layer 0's stand-in alone, with the ids and
 //!   the gather beside it on a side stream, and after them on one stream; and the differences:
@@ -22,15 +23,18 @@
 //! file (sparse, FLASHNEXT_PLE_FILE_GB, default 8, in FLASHNEXT_PLE_FILE_DIR or the temp
 //! directory) registered in place and, where the device reads pageable memory, mapped. A 29 GB table
 //! is the NVFP4 table's size; in bf16 it holds fewer rows than the model's 320 M (the hash's
-//! primes are scaled down to fit it), and a bf16 row is 320 bytes where an NVFP4 row is 90.
+//! primes are scaled down to fit it), and a bf16 row is 320 bytes where an NVFP4 row is 96. So the
+//! large pinned table is benched again as NVFP4 rows (the same bytes, re-pinned): at 29 GB that is
+//! 302 M rows, the full-size table.
 //! Lines go to stdout and to $OUT/bench-ple.jsonl (or target/bench-ple.jsonl).
 
 use std::io::Write;
 
 use engine::cuda::timing::EventTimer;
-use engine::cuda::{DeviceBuffer, Gpu, Graph, MappedHostBuffer, SideStream};
+use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel, MappedHostBuffer, SideStream};
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
+use engine::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
     PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
@@ -38,10 +42,10 @@ use engine::layers::ple::{
 };
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
-use engine::model::ple_table::{HEADER_BYTES, PleTableFile, TableHeader};
+use engine::model::ple_table::{HEADER_BYTES, PleTableFile, TableHeader, nvfp4_row_words};
 use flashnext::rng::Rng;
 use half::bf16;
-use kernel_dsl::{DevPtr, TileSet};
+use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
 
 const WIDTH: usize = 160;
 const HEADS: usize = 16;
@@ -133,22 +137,86 @@ fn fitting_hash(table_rows: u64) -> (ModelConfig, NgramHash) {
     (cfg, hash)
 }
 
-/// The ids, the gather and the two together, from `table` (`table_bytes` of bf16 rows).
-#[allow(clippy::too_many_arguments)]
+/// A table and the gather that reads it.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    Bf16 { k: &'a LoadedKernel<ple_gather_bf16::Kernel>, table: DevPtr<bf16> },
+    Nvfp4 { k: &'a LoadedKernel<ple_gather_nvfp4::Kernel>, table: DevPtr<u32> },
+}
+
+impl Rows<'_> {
+    /// Bytes of one table row.
+    fn row_bytes(&self) -> usize {
+        match self {
+            Rows::Bf16 { .. } => 2 * WIDTH,
+            Rows::Nvfp4 { .. } => 4 * nvfp4_row_words(WIDTH),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Rows::Bf16 { .. } => "bf16",
+            Rows::Nvfp4 { .. } => "nvfp4",
+        }
+    }
+
+    /// Enqueues the gather of HEADS rows at `ids` into `rows` (bf16) on the side stream, or on
+    /// the main one.
+    ///
+    /// # Safety
+    /// The ids address rows of the table; `rows` holds HEADS × WIDTH values.
+    unsafe fn launch_on(
+        &self,
+        gpu: &Gpu,
+        side: Option<&SideStream>,
+        ids: DevPtr<u64>,
+        rows: DevPtrMut<bf16>,
+    ) -> engine::Result<()> {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            match *self {
+                Rows::Bf16 { k, table } => {
+                    let args = gather_args(table, ids, rows, HEADS, WIDTH);
+                    match side {
+                        Some(side) => k.launch_on(gpu, side.stream(), &args),
+                        None => k.launch(gpu, &args),
+                    }
+                }
+                Rows::Nvfp4 { k, table } => {
+                    let args = ple_gather_nvfp4::Args {
+                        table,
+                        ids,
+                        rows,
+                        count: HEADS as u32,
+                        width: WIDTH as u32,
+                        row_words: nvfp4_row_words(WIDTH) as u32,
+                        scale2: 1.0,
+                    };
+                    match side {
+                        Some(side) => k.launch_on(gpu, side.stream(), &args),
+                        None => k.launch(gpu, &args),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The ids, the gather and the two together, from a table of `table_bytes`.
 fn bench_rows(
     gpu: &Gpu,
     out: &mut Sink,
     rng: &mut Rng,
-    ki: &engine::cuda::LoadedKernel<ple_ids::Kernel>,
-    kg: &engine::cuda::LoadedKernel<ple_gather_bf16::Kernel>,
-    table: DevPtr<bf16>,
+    ki: &LoadedKernel<ple_ids::Kernel>,
+    source: Rows<'_>,
     table_bytes: usize,
     tag: &str,
 ) {
-    let table_rows = (table_bytes / (2 * WIDTH)) as u64;
+    let table_rows = (table_bytes / source.row_bytes()) as u64;
     let (_, hash_host) = fitting_hash(table_rows);
     let mut hash = PleHashOnDevice::new(gpu, std::slice::from_ref(&hash_host)).expect("hash constants");
-    let rows_bytes = HEADS * WIDTH * 2;
+    let rows_bytes = HEADS * source.row_bytes();
+    let tag = format!("{} {tag}", source.name());
 
     let mut tokens = gpu.alloc::<u32>(CHAIN).expect("alloc");
     let mut ids: DeviceBuffer<u64> = gpu.alloc(CHAIN * HEADS).expect("alloc");
@@ -160,30 +228,23 @@ fn bench_rows(
         let step_args: Vec<_> = (0..steps)
             .map(|s| {
                 let i = hash.ids_args(tokens.ptr().offset(s as u64), ids.ptr_mut().offset((s * HEADS) as u64));
-                let g = gather_args(
-                    table,
-                    ids.ptr().offset((s * HEADS) as u64),
-                    rows.ptr_mut().offset((s * HEADS * WIDTH) as u64),
-                    HEADS,
-                    WIDTH,
-                );
-                (i, g)
+                (i, ids.ptr().offset((s * HEADS) as u64), rows.ptr_mut().offset((s * HEADS * WIDTH) as u64))
             })
             .collect();
         let chain = format!("x{steps}");
         for which in ["ids", "gather", "ids+gather"] {
             let graph = gpu
                 .capture(|| {
-                    for (i, g) in &step_args {
+                    for &(ref i, step_ids, step_rows) in &step_args {
                         if which != "gather" {
                             // SAFETY: each step's token, ids and rows are slices of live buffers of
                             // CHAIN steps; the constants and history live in `hash`.
                             unsafe { ki.launch(gpu, i) }?;
                         }
                         if which != "ids" {
-                            // SAFETY: ids address rows of `table` (the hash's rows fit in it, fresh
+                            // SAFETY: ids address rows of the table (the hash's rows fit in it, fresh
                             // ids are drawn below its rows), which outlives the graph.
-                            unsafe { kg.launch(gpu, g) }?;
+                            unsafe { source.launch_on(gpu, None, step_ids, step_rows) }?;
                         }
                     }
                     Ok(())
@@ -216,10 +277,12 @@ fn main() {
     let mut rng = Rng::fresh("ple bench");
     let ki = gpu.kernel::<ple_ids::Kernel>(ple_ids::Tiles::DEFAULT).expect("compile");
     let kg = gpu.kernel::<ple_gather_bf16::Kernel>(ple_gather_bf16::Tiles::DEFAULT).expect("compile");
+    let kn = gpu.kernel::<ple_gather_nvfp4::Kernel>(ple_gather_nvfp4::Tiles::DEFAULT).expect("compile");
+    let bf16_rows = |t: &MappedHostBuffer<bf16>| Rows::Bf16 { k: &kg, table: t.ptr() };
 
     let small = 64 << 20;
     let (table, bytes) = pin_table(&gpu, &[small]).expect("a 64 MiB pinned table");
-    bench_rows(&gpu, &mut out, &mut rng, &ki, &kg, table.ptr(), bytes, "64MiB");
+    bench_rows(&gpu, &mut out, &mut rng, &ki, bf16_rows(&table), bytes, "64MiB");
     drop(table);
 
     let large: Vec<usize> = match std::env::var("FLASHNEXT_PLE_TABLE_GB").ok().and_then(|s| s.parse::<usize>().ok()) {
@@ -229,9 +292,20 @@ fn main() {
     match pin_table(&gpu, &large) {
         Some((table, bytes)) => {
             let tag = format!("{}GB", bytes / GB);
-            bench_rows(&gpu, &mut out, &mut rng, &ki, &kg, table.ptr(), bytes, &tag);
+            bench_rows(&gpu, &mut out, &mut rng, &ki, bf16_rows(&table), bytes, &tag);
             bench_block(&gpu, &mut out, &mut rng, table.ptr(), bytes, &tag);
-            bench_overlap(&gpu, &mut out, &mut rng, &ki, &kg, table.ptr(), bytes, &tag);
+            bench_overlap(&gpu, &mut out, &mut rng, &ki, bf16_rows(&table), bytes, &tag);
+            // The same bytes as NVFP4 rows (96 bytes each): at 29 GB, the full-size table.
+            let words = bytes / 4;
+            drop(table);
+            match MappedHostBuffer::<u32>::new(gpu.context(), words) {
+                Ok(t) => {
+                    let rows = Rows::Nvfp4 { k: &kn, table: t.ptr() };
+                    bench_rows(&gpu, &mut out, &mut rng, &ki, rows, bytes, &tag);
+                    bench_overlap(&gpu, &mut out, &mut rng, &ki, rows, bytes, &tag);
+                }
+                Err(e) => println!("pinning the NVFP4 table failed: {e}"),
+            }
         }
         None => println!("no large table could be pinned"),
     }
@@ -325,8 +399,8 @@ fn bench_file(
     gpu: &Gpu,
     out: &mut Sink,
     rng: &mut Rng,
-    ki: &engine::cuda::LoadedKernel<ple_ids::Kernel>,
-    kg: &engine::cuda::LoadedKernel<ple_gather_bf16::Kernel>,
+    ki: &LoadedKernel<ple_ids::Kernel>,
+    kg: &LoadedKernel<ple_gather_bf16::Kernel>,
 ) {
     let gb = std::env::var("FLASHNEXT_PLE_FILE_GB").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(8);
     let (mut cfg, hash) = fitting_hash((gb * GB / (2 * WIDTH)) as u64);
@@ -358,7 +432,7 @@ fn bench_file(
                     start.elapsed().as_secs_f64()
                 );
                 let tag = format!("file-{residency:?}-{gb}GB");
-                bench_rows(gpu, out, rng, ki, kg, table.rows_ptr(), table_bytes, &tag);
+                bench_rows(gpu, out, rng, ki, Rows::Bf16 { k: kg, table: table.rows_ptr() }, table_bytes, &tag);
             }
             Err(e) => println!("{residency:?} table file: {e}"),
         }
@@ -372,20 +446,19 @@ fn bench_file(
 /// alone; the ids and gather forked onto the side stream, layer 0 on the main stream, the join;
 /// the ids, the gather and layer 0 one after the other on the main stream. The differences of
 /// the medians are what PLE adds per token, overlapped and not.
-#[allow(clippy::too_many_arguments)]
 fn bench_overlap(
     gpu: &Gpu,
     out: &mut Sink,
     rng: &mut Rng,
-    ki: &engine::cuda::LoadedKernel<ple_ids::Kernel>,
-    kg: &engine::cuda::LoadedKernel<ple_gather_bf16::Kernel>,
-    table: DevPtr<bf16>,
+    ki: &LoadedKernel<ple_ids::Kernel>,
+    source: Rows<'_>,
     table_bytes: usize,
     tag: &str,
 ) {
     const ROWS: usize = 12800;
     const COLS: usize = 2560;
-    let (_, hash_host) = fitting_hash((table_bytes / (2 * WIDTH)) as u64);
+    let (_, hash_host) = fitting_hash((table_bytes / source.row_bytes()) as u64);
+    let tag = format!("{} {tag}", source.name());
     let mut hash = PleHashOnDevice::new(gpu, std::slice::from_ref(&hash_host)).expect("hash");
     let kl = gpu.kernel::<gemv_bf16::Kernel>(gemv_bf16::Tiles::DEFAULT).expect("compile");
     let side = SideStream::new(gpu).expect("side stream");
@@ -400,13 +473,7 @@ fn bench_overlap(
     let steps: Vec<_> = (0..CHAIN)
         .map(|s| {
             let i = hash.ids_args(tokens.ptr().offset(s as u64), ids.ptr_mut().offset((s * HEADS) as u64));
-            let g = gather_args(
-                table,
-                ids.ptr().offset((s * HEADS) as u64),
-                rows.ptr_mut().offset((s * HEADS * WIDTH) as u64),
-                HEADS,
-                WIDTH,
-            );
+            let g = (ids.ptr().offset((s * HEADS) as u64), rows.ptr_mut().offset((s * HEADS * WIDTH) as u64));
             let l = gemv_bf16::Args {
                 w: weights[s % 2].ptr(),
                 x: x.ptr(),
@@ -432,11 +499,11 @@ fn bench_overlap(
                             "layer 0 + ids+gather on a side stream" => {
                                 side.fork(gpu)?;
                                 ki.launch_on(gpu, side.stream(), i)?;
-                                kg.launch_on(gpu, side.stream(), g)?;
+                                source.launch_on(gpu, Some(&side), g.0, g.1)?;
                             }
                             _ => {
                                 ki.launch(gpu, i)?;
-                                kg.launch(gpu, g)?;
+                                source.launch_on(gpu, None, g.0, g.1)?;
                             }
                         }
                         kl.launch(gpu, l)?;
