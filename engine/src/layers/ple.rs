@@ -407,6 +407,11 @@ impl PleLaunches {
 /// the first PLE layer's [`PleLaunches::enqueue_block`]. Nothing waits on the host; in a capture
 /// the fork and the join become the graph's branches.
 ///
+/// Why no row is overwritten while a step reads it: the rows land in each layer's own scratch,
+/// and the fork orders this step's ids and gathers after everything the main stream enqueued
+/// before, including the previous step's projections that read the previous rows; the join
+/// orders this step's projections after the gathers. The table itself never changes.
+///
 /// # Safety
 /// As for [`PleLaunches::enqueue`], and nothing on the main stream between the fork and the join
 /// may write the token, the history, the ids or the rows.
