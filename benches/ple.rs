@@ -38,11 +38,11 @@ use engine::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
     PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
-    PleWeightsOnDevice, Residency, gather_args,
+    PleWeightsOnDevice, Residency, TableRows, gather_args,
 };
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
-use engine::model::ple_table::{HEADER_BYTES, PleTableFile, TableHeader, nvfp4_row_words};
+use engine::model::ple_table::{HEADER_BYTES, PleTableFile, RowFormat, TableHeader, nvfp4_row_words};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
@@ -353,7 +353,7 @@ fn bench_block(gpu: &Gpu, out: &mut Sink, rng: &mut Rng, table: DevPtr<bf16>, ta
                 &weights[s % WEIGHT_SETS],
                 &mut states[s % WEIGHT_SETS],
                 &mut scratch,
-                table,
+                TableRows::Bf16(table),
                 ids.ptr().offset((s * HEADS) as u64),
                 x.ptr(),
                 y.ptr_mut(),
@@ -406,7 +406,7 @@ fn bench_file(
     let (mut cfg, hash) = fitting_hash((gb * GB / (2 * WIDTH)) as u64);
     cfg.ple_layers = vec![0];
     cfg.ple_embed_dim = HEADS * WIDTH;
-    let header = TableHeader::for_config(&cfg).expect("header");
+    let header = TableHeader::for_config(&cfg, RowFormat::Bf16).expect("header");
     assert_eq!(header.rows, hash.rows_padded);
     let dir =
         std::env::var_os("FLASHNEXT_PLE_FILE_DIR").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
@@ -432,7 +432,8 @@ fn bench_file(
                     start.elapsed().as_secs_f64()
                 );
                 let tag = format!("file-{residency:?}-{gb}GB");
-                bench_rows(gpu, out, rng, ki, Rows::Bf16 { k: kg, table: table.rows_ptr() }, table_bytes, &tag);
+                let TableRows::Bf16(rows) = table.rows(0) else { unreachable!("a bf16 table file") };
+                bench_rows(gpu, out, rng, ki, Rows::Bf16 { k: kg, table: rows }, table_bytes, &tag);
             }
             Err(e) => println!("{residency:?} table file: {e}"),
         }

@@ -5,7 +5,8 @@
 //! compared with the table (two PLE layers in one table, so the layer bases show; the published
 //! hash constants and vocabulary, and a small one), and the same from a table file written in the
 //! engine's layout, pinned, registered in place and (where the device reads pageable memory)
-//! mapped; the NVFP4 gather against the host's dequantisation, bit for bit; and the whole PLE
+//! mapped; the NVFP4 gather against the host's dequantisation, bit for bit, from pinned memory
+//! and from an NVFP4 table file (per-layer global scales); and the whole PLE
 //! block (ids, gather, the
 //! stacked key/value GEMV, norms, gate, dilated conv, sum into the streams) against
 //! `reference::ple::ple` over 80 tokens with the conv state carried, at a tiny shape (every tile
@@ -21,13 +22,15 @@ use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
-    PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
-    PleWeightsOnDevice, Residency, enqueue_rows_on_side, gather_args, table_row_bases,
+    Gather, PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
+    PleWeightsOnDevice, Residency, TableRows, enqueue_rows_on_side, gather_args, table_row_bases,
 };
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
 use engine::model::nvfp4::Nvfp4Matrix;
-use engine::model::ple_table::{Checksum, PleTableFile, TableHeader, layer_hashes, nvfp4_row_words, nvfp4_rows};
+use engine::model::ple_table::{
+    Checksum, PleTableFile, RowFormat, TableHeader, layer_hashes, nvfp4_row_words, nvfp4_rows,
+};
 use engine::model::weights::{Linear, PleWeights};
 use engine::reference::ple::{PleState, ple};
 use flashnext::rng::Rng;
@@ -279,7 +282,7 @@ fn gathered_rows_are_the_table_file_rows() {
     let hashes = layer_hashes(&cfg);
     assert_eq!(hashes.len(), PLE_LAYERS);
     let tokens = tokens(&mut rng, cfg.vocab_size, hashes[0].eos());
-    let mut header = TableHeader::for_config(&cfg).expect("header");
+    let mut header = TableHeader::for_config(&cfg, RowFormat::Bf16).expect("header");
     let rows: Vec<bf16> = (0..header.rows as usize * WIDTH).map(|_| bf16::from_bits(rng.next_u64() as u16)).collect();
     let bytes: &[u8] = bytemuck::cast_slice(&rows);
     let mut sum = Checksum::new();
@@ -301,8 +304,93 @@ fn gathered_rows_are_the_table_file_rows() {
             }
             Err(e) => panic!("{residency:?}: {e}"),
         };
-        check_gather(&gpu, table.rows_ptr(), &rows, &hashes, &tokens, &format!("{residency:?}"));
+        let TableRows::Bf16(ptr) = table.rows(0) else { panic!("a bf16 table gives bf16 rows") };
+        check_gather(&gpu, ptr, &rows, &hashes, &tokens, &format!("{residency:?}"));
         println!("{residency:?}: rows exact");
+    }
+    let _ = std::fs::remove_file(path);
+}
+
+/// An NVFP4 table file (two PLE layers, each its own global scale) written in the engine's
+/// layout, pinned and registered: per layer, the gather from `PleTableOnHost::rows(layer)` gives
+/// the host's dequantisation rounded to bf16, bit for bit, for ids hashed on the device over the
+/// tokens.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gathered_rows_are_the_nvfp4_table_file_rows() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("gather-nvfp4-file");
+    let mut cfg = config(248_320, 248_044, 1000);
+    cfg.ple_layers = vec![1, 3];
+    cfg.ple_embed_dim = 16 * WIDTH;
+    let hashes = layer_hashes(&cfg);
+    let tokens = tokens(&mut rng, cfg.vocab_size, hashes[0].eos());
+    let want_ids = host_ids(&hashes, &tokens);
+    let mut header = TableHeader::for_config(&cfg, RowFormat::Nvfp4).expect("header");
+    let mut words = Vec::new();
+    let mut want_values: Vec<u16> = Vec::new();
+    for (l, h) in hashes.iter().enumerate() {
+        let rows_n = h.rows_padded as usize;
+        let packed = (0..rows_n * WIDTH / 2).map(|_| rng.next_u64() as u8).collect();
+        let scales =
+            (0..rows_n * WIDTH / 16).map(|_| (((rng.next_u64() % 7 + 4) << 3) | (rng.next_u64() % 8)) as u8).collect();
+        let m = Nvfp4Matrix { rows: rows_n, cols: WIDTH, packed, scales, scale_2: 0.1 + rng.uniform() };
+        header.scale_2[l] = m.scale_2;
+        words.extend(nvfp4_rows(&m));
+        want_values.extend(m.dequantise().into_iter().map(|v| bf16::from_f32(v).to_bits()));
+    }
+    let bytes: &[u8] = bytemuck::cast_slice(&words);
+    let mut sum = Checksum::new();
+    sum.update(bytes);
+    header.checksum = sum.finish();
+    let path = std::env::temp_dir().join(format!("flashnext-gpu-ple-nvfp4-table-{}.bin", std::process::id()));
+    let mut file = header.encode().to_vec();
+    file.extend_from_slice(bytes);
+    std::fs::write(&path, &file).expect("write table");
+
+    let k = PleKernels::load(&gpu, PleTiles::default()).expect("compile");
+    let mut hash = PleHashOnDevice::new(&gpu, &hashes).expect("hash constants");
+    let count = hash.ids_per_step();
+    let mut token = gpu.alloc::<u32>(1).expect("alloc");
+    let mut ids = gpu.alloc::<u64>(count).expect("alloc");
+    let mut rows = gpu.alloc::<bf16>(count * WIDTH).expect("alloc");
+    for residency in [Residency::Pinned, Residency::Registered] {
+        let opened = PleTableFile::open(&path, &cfg).expect("open table");
+        opened.verify().expect("checksum");
+        let table = PleTableOnHost::load(&gpu, opened, residency).expect("table");
+        hash.reset(&gpu).expect("reset");
+        let ids_args = hash.ids_args(token.ptr(), ids.ptr_mut());
+        let heads = count / PLE_LAYERS;
+        let gathers: Vec<Gather> = (0..PLE_LAYERS)
+            .map(|l| {
+                Gather::new(
+                    table.rows(l),
+                    ids.ptr().offset((l * heads) as u64),
+                    rows.ptr_mut().offset((l * heads * WIDTH) as u64),
+                    heads,
+                    WIDTH,
+                )
+            })
+            .collect();
+        for (step, &t) in tokens.iter().enumerate() {
+            gpu.write(&mut token, &[t]).expect("token");
+            gpu.fill_bytes(&mut rows, 0xff).expect("poison");
+            // SAFETY: ids one per head of each layer; the table holds every row they address;
+            // each layer's gather writes its own heads × WIDTH values of `rows`.
+            unsafe {
+                k.ids.launch(&gpu, &ids_args).expect("ids");
+                for g in &gathers {
+                    g.launch(&gpu, &k, None).expect("gather");
+                }
+            }
+            let got = gpu.download(&rows).expect("rows");
+            for (r, &id) in want_ids[step].iter().enumerate() {
+                let want = &want_values[id as usize * WIDTH..(id as usize + 1) * WIDTH];
+                let got: Vec<u16> = got[r * WIDTH..(r + 1) * WIDTH].iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{residency:?} token {step} row {r} (id {id})");
+            }
+        }
+        println!("NVFP4 {residency:?}: rows exact");
     }
     let _ = std::fs::remove_file(path);
 }
@@ -389,7 +477,8 @@ fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped:
         let mut s = PleScratch::new(&gpu, shape).expect("scratch");
         hash.reset(&gpu).expect("reset");
         let ids_args = hash.ids_args(token.ptr(), ids.ptr_mut());
-        let launches = PleLaunches::new(&dw, &mut dst, &mut s, table.ptr(), ids.ptr(), x.ptr(), y.ptr_mut());
+        let launches =
+            PleLaunches::new(&dw, &mut dst, &mut s, TableRows::Bf16(table.ptr()), ids.ptr(), x.ptr(), y.ptr_mut());
         let stand_in_w = gpu.upload(&rng.bf16_normal(2048 * 2048, 0.02)).expect("layer 0 stand-in");
         let stand_in_x = gpu.upload(&rng.bf16_normal(2048, 1.0)).expect("layer 0 stand-in");
         let mut stand_in_y = gpu.alloc::<bf16>(2048).expect("alloc");

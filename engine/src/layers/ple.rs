@@ -1,6 +1,7 @@
 //! PLE on the device: the n-gram hash constants of every PLE layer and the token history, on the
 //! device for [`ple_ids`] (one launch per step for every PLE layer), and per PLE layer the row
-//! gather [`ple_gather_bf16`] from a table the device can address (mapped host memory:
+//! gather ([`Gather`]: [`ple_gather_bf16`], or [`ple_gather_nvfp4`] dequantising NVFP4 rows to
+//! bf16) from a table the device can address (mapped host memory:
 //! [`crate::cuda::MappedHostBuffer`]), the key and value projections stacked in one bf16 GEMV,
 //! and [`ple_gate_conv`] (norms, gate, dilated conv with its state, the sum into the streams).
 //!
@@ -26,10 +27,11 @@ use crate::error::{Error, Result};
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::kernels::ple::gate_conv::ple_gate_conv;
 use crate::kernels::ple::gather_bf16::ple_gather_bf16;
+use crate::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use crate::kernels::ple::ids::ple_ids;
 use crate::model::config::ModelConfig;
 use crate::model::ngram_hash::NgramHash;
-use crate::model::ple_table::{HEADER_BYTES, PleTableFile, RowFormat, TableHeader};
+use crate::model::ple_table::{HEADER_BYTES, PleTableFile, RowFormat, TableHeader, nvfp4_row_words};
 use crate::model::weights::PleWeights;
 
 /// The first row of each PLE layer's rows in the one table, and the table's total rows.
@@ -127,6 +129,61 @@ impl PleHashOnDevice {
             heads_per_ngram: self.heads_per_ngram,
             ngram_size: self.ngram_size,
             eos: self.eos,
+        }
+    }
+}
+
+/// A table's rows where the device reads them, in their format.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TableRows {
+    Bf16(DevPtr<bf16>),
+    /// Rows of `row_words` words ([`crate::model::ple_table::nvfp4_row_words`]); `scale_2` is the
+    /// layer's global scale.
+    Nvfp4 {
+        table: DevPtr<u32>,
+        row_words: u32,
+        scale_2: f32,
+    },
+}
+
+/// One PLE layer's gather, in its table's format.
+#[derive(Clone, Copy, Debug)]
+pub enum Gather {
+    Bf16(ple_gather_bf16::Args),
+    Nvfp4(ple_gather_nvfp4::Args),
+}
+
+impl Gather {
+    /// The `count` rows `ids` addresses in `table`, as bf16, into `rows` [count, width].
+    pub fn new(table: TableRows, ids: DevPtr<u64>, rows: DevPtrMut<bf16>, count: usize, width: usize) -> Gather {
+        match table {
+            TableRows::Bf16(table) => Gather::Bf16(gather_args(table, ids, rows, count, width)),
+            TableRows::Nvfp4 { table, row_words, scale_2 } => Gather::Nvfp4(ple_gather_nvfp4::Args {
+                table,
+                ids,
+                rows,
+                count: count as u32,
+                width: width as u32,
+                row_words,
+                scale2: scale_2,
+            }),
+        }
+    }
+
+    /// Enqueues the gather on the side stream, or on the GPU's stream.
+    ///
+    /// # Safety
+    /// As for [`LoadedKernel::launch`]: the table holds every row the ids address, `rows` count ×
+    /// width values.
+    pub unsafe fn launch(&self, gpu: &Gpu, k: &PleKernels, side: Option<&SideStream>) -> Result<()> {
+        // SAFETY: the caller's guarantees.
+        unsafe {
+            match (self, side) {
+                (Gather::Bf16(a), None) => k.gather.launch(gpu, a),
+                (Gather::Bf16(a), Some(side)) => k.gather.launch_on(gpu, side.stream(), a),
+                (Gather::Nvfp4(a), None) => k.gather_nvfp4.launch(gpu, a),
+                (Gather::Nvfp4(a), Some(side)) => k.gather_nvfp4.launch_on(gpu, side.stream(), a),
+            }
         }
     }
 }
@@ -287,6 +344,7 @@ impl PleScratch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PleTiles {
     pub gather: ple_gather_bf16::Tiles,
+    pub gather_nvfp4: ple_gather_nvfp4::Tiles,
     pub proj: gemv_bf16::Tiles,
     pub gate_conv: ple_gate_conv::Tiles,
 }
@@ -295,6 +353,7 @@ impl Default for PleTiles {
     fn default() -> Self {
         PleTiles {
             gather: ple_gather_bf16::Tiles::DEFAULT,
+            gather_nvfp4: ple_gather_nvfp4::Tiles::DEFAULT,
             proj: gemv_bf16::Tiles::DEFAULT,
             gate_conv: ple_gate_conv::Tiles::DEFAULT,
         }
@@ -306,6 +365,7 @@ impl Default for PleTiles {
 pub struct PleKernels {
     pub ids: LoadedKernel<ple_ids::Kernel>,
     pub gather: LoadedKernel<ple_gather_bf16::Kernel>,
+    pub gather_nvfp4: LoadedKernel<ple_gather_nvfp4::Kernel>,
     pub proj: LoadedKernel<gemv_bf16::Kernel>,
     pub gate_conv: LoadedKernel<ple_gate_conv::Kernel>,
 }
@@ -318,6 +378,7 @@ impl PleKernels {
         Ok(PleKernels {
             ids: gpu.kernel(ple_ids::Tiles::DEFAULT)?,
             gather: gpu.kernel(tiles.gather)?,
+            gather_nvfp4: gpu.kernel(tiles.gather_nvfp4)?,
             proj: gpu.kernel(tiles.proj)?,
             gate_conv: gpu.kernel(tiles.gate_conv)?,
         })
@@ -327,7 +388,7 @@ impl PleKernels {
 /// The three launches of one PLE layer after the ids: gather, projections, gate and conv.
 #[derive(Clone, Copy, Debug)]
 pub struct PleLaunches {
-    pub gather: ple_gather_bf16::Args,
+    pub gather: Gather,
     pub proj: gemv_bf16::Args,
     pub gate_conv: ple_gate_conv::Args,
 }
@@ -339,14 +400,14 @@ impl PleLaunches {
         w: &PleWeightsOnDevice,
         st: &mut PleStateOnDevice,
         s: &mut PleScratch,
-        table: DevPtr<bf16>,
+        table: TableRows,
         ids: DevPtr<u64>,
         streams_in: DevPtr<f32>,
         streams_out: DevPtrMut<f32>,
     ) -> PleLaunches {
         let sh = w.shape;
         PleLaunches {
-            gather: gather_args(table, ids, s.rows.ptr_mut(), sh.heads, sh.width),
+            gather: Gather::new(table, ids, s.rows.ptr_mut(), sh.heads, sh.width),
             proj: gemv_bf16::Args {
                 w: w.proj.ptr(),
                 x: s.rows.ptr(),
@@ -382,7 +443,7 @@ impl PleLaunches {
     pub unsafe fn enqueue(&self, gpu: &Gpu, k: &PleKernels) -> Result<()> {
         // SAFETY: the caller's guarantees, and each buffer has the length its launch indexes.
         unsafe {
-            k.gather.launch(gpu, &self.gather)?;
+            self.gather.launch(gpu, k, None)?;
             self.enqueue_block(gpu, k)
         }
     }
@@ -420,14 +481,14 @@ pub unsafe fn enqueue_rows_on_side(
     side: &SideStream,
     k: &PleKernels,
     ids: &ple_ids::Args,
-    gathers: &[ple_gather_bf16::Args],
+    gathers: &[Gather],
 ) -> Result<()> {
     side.fork(gpu)?;
     // SAFETY: the caller's guarantees; the side stream orders the gathers after the ids.
     unsafe {
         k.ids.launch_on(gpu, side.stream(), ids)?;
         for g in gathers {
-            k.gather.launch_on(gpu, side.stream(), g)?;
+            g.launch(gpu, k, Some(side))?;
         }
     }
     Ok(())
@@ -452,7 +513,7 @@ pub enum Residency {
 /// The PLE table where the device reads it: host memory, never device memory.
 #[derive(Debug)]
 pub enum PleTableOnHost {
-    Pinned { header: TableHeader, rows: MappedHostBuffer<bf16> },
+    Pinned { header: TableHeader, rows: MappedHostBuffer<u8> },
     Registered { header: TableHeader, mapping: HostRegistration<Mmap> },
     Pageable { header: TableHeader, mapping: Mmap },
 }
@@ -469,9 +530,6 @@ impl PleTableOnHost {
     /// Makes the rows of an opened table file readable by the device as `residency` says.
     pub fn load(gpu: &Gpu, file: PleTableFile, residency: Residency) -> Result<PleTableOnHost> {
         let (header, mapping) = file.into_parts();
-        if header.format != RowFormat::Bf16 {
-            return Err(Error::Buffer(format!("PLE rows in {:?}: the gather reads bf16 rows", header.format)));
-        }
         let pageable = gpu
             .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)
@@ -486,12 +544,8 @@ impl PleTableOnHost {
         };
         Ok(match residency {
             Residency::Pinned => {
-                let values = (header.rows as usize).checked_mul(header.width as usize).ok_or_else(|| {
-                    Error::Buffer(format!("{} rows of {} values overflow", header.rows, header.width))
-                })?;
-                let mut rows = MappedHostBuffer::<bf16>::new(gpu.context(), values)?;
-                let dst: &mut [u8] = bytemuck::cast_slice_mut(rows.as_mut_slice());
-                dst.copy_from_slice(&mapping[HEADER_BYTES..]);
+                let mut rows = MappedHostBuffer::<u8>::new(gpu.context(), mapping.len() - HEADER_BYTES)?;
+                rows.as_mut_slice().copy_from_slice(&mapping[HEADER_BYTES..]);
                 PleTableOnHost::Pinned { header, rows }
             }
             Residency::Registered => {
@@ -518,17 +572,27 @@ impl PleTableOnHost {
         }
     }
 
-    /// The device address of row 0, for the gather.
-    pub fn rows_ptr(&self) -> DevPtr<bf16> {
+    /// The device address of row 0.
+    fn rows_addr(&self) -> u64 {
         match self {
-            PleTableOnHost::Pinned { rows, .. } => rows.ptr(),
-            PleTableOnHost::Registered { mapping, .. } => {
-                DevPtr::from_addr(mapping.device_addr() + HEADER_BYTES as u64)
-            }
+            PleTableOnHost::Pinned { rows, .. } => rows.ptr().addr(),
+            PleTableOnHost::Registered { mapping, .. } => mapping.device_addr() + HEADER_BYTES as u64,
             // With pageable memory access the host's addresses are the device's.
-            PleTableOnHost::Pageable { mapping, .. } => {
-                DevPtr::from_addr(mapping.as_ptr() as u64 + HEADER_BYTES as u64)
-            }
+            PleTableOnHost::Pageable { mapping, .. } => mapping.as_ptr() as u64 + HEADER_BYTES as u64,
+        }
+    }
+
+    /// The rows for the gather of PLE layer `layer` (its global scale; the address is the
+    /// table's, the ids carry the layer's first row).
+    pub fn rows(&self, layer: usize) -> TableRows {
+        let h = self.header();
+        match h.format {
+            RowFormat::Bf16 => TableRows::Bf16(DevPtr::from_addr(self.rows_addr())),
+            RowFormat::Nvfp4 => TableRows::Nvfp4 {
+                table: DevPtr::from_addr(self.rows_addr()),
+                row_words: nvfp4_row_words(h.width as usize) as u32,
+                scale_2: h.scale_2.get(layer).copied().unwrap_or(1.0),
+            },
         }
     }
 }

@@ -8,9 +8,12 @@
 //! a table are clear errors); the checksum over every row is checked on request
 //! ([`PleTableFile::verify`]), since reading 29 GB takes seconds.
 //!
-//! Header (little-endian): magic `FNPLETAB`, version u32, row format u32 (1 = bf16), row width
-//! u32 (values), layers u32, rows u64 (all layers), hash fingerprint u64, checksum u64, then
-//! zeros to 4096 bytes. The rows start page-aligned, so a mapping of the file can be registered
+//! Rows are bf16 (`width` values, 2 bytes each) or NVFP4 ([`nvfp4_row_words`]: the e2m1 codes,
+//! one e4m3 scale per 16 values, padding to 16 bytes; each layer's global scale in the header).
+//!
+//! Header (little-endian): magic `FNPLETAB`, version u32, row format u32 (1 = bf16, 2 = NVFP4),
+//! row width u32 (values), layers u32, rows u64 (all layers), hash fingerprint u64, checksum u64,
+//! zeros to byte 64, one f32 global scale per layer (1 for bf16), then zeros to 4096 bytes. The rows start page-aligned, so a mapping of the file can be registered
 //! for the device and the rows addressed from its start.
 
 use std::fs::File;
@@ -34,25 +37,33 @@ pub const HEADER_BYTES: usize = 4096;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowFormat {
     Bf16 = 1,
+    Nvfp4 = 2,
 }
 
 impl RowFormat {
-    pub fn bytes_per_value(self) -> usize {
+    /// Bytes of one row of `width` values.
+    pub fn row_bytes(self, width: usize) -> usize {
         match self {
-            RowFormat::Bf16 => 2,
+            RowFormat::Bf16 => 2 * width,
+            RowFormat::Nvfp4 => 4 * nvfp4_row_words(width),
         }
     }
 
     fn from_code(code: u32) -> Option<RowFormat> {
         match code {
             1 => Some(RowFormat::Bf16),
+            2 => Some(RowFormat::Nvfp4),
             _ => None,
         }
     }
 }
 
+/// Where the per-layer global scales start in the header, and how many fit.
+const SCALES_AT: usize = 64;
+pub const MAX_LAYERS: usize = (HEADER_BYTES - SCALES_AT) / 4;
+
 /// What a table file holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TableHeader {
     pub format: RowFormat,
     /// Values per row.
@@ -64,31 +75,44 @@ pub struct TableHeader {
     pub hash_fingerprint: u64,
     /// [`Checksum`] of the rows' bytes.
     pub checksum: u64,
+    /// Each layer's global scale (NVFP4: value = code · block scale · this; 1 for bf16).
+    pub scale_2: Vec<f32>,
 }
 
 impl TableHeader {
-    /// The header a table for `cfg` has (its checksum 0, to be filled in).
-    pub fn for_config(cfg: &ModelConfig) -> Result<TableHeader, CheckpointError> {
+    /// The header a table of `format` rows for `cfg` has (its checksum 0 and its global scales 1,
+    /// to be filled in).
+    pub fn for_config(cfg: &ModelConfig, format: RowFormat) -> Result<TableHeader, CheckpointError> {
         let hashes = layer_hashes(cfg);
         if hashes.is_empty() {
             return Err(CheckpointError("the config has no PLE layer, so no n-gram table".into()));
+        }
+        if hashes.len() > MAX_LAYERS {
+            return Err(CheckpointError(format!("{} PLE layers; a table holds at most {MAX_LAYERS}", hashes.len())));
         }
         let heads = cfg.ngram_heads();
         if heads == 0 || !cfg.ple_embed_dim.is_multiple_of(heads) {
             return Err(CheckpointError(format!("PLE width {} does not split over {heads} heads", cfg.ple_embed_dim)));
         }
+        let width = cfg.ple_embed_dim / heads;
+        if format == RowFormat::Nvfp4 && !width.is_multiple_of(BLOCK) {
+            return Err(CheckpointError(format!(
+                "PLE rows of {width} values cannot be NVFP4: blocks of {BLOCK} values share a scale"
+            )));
+        }
         Ok(TableHeader {
-            format: RowFormat::Bf16,
-            width: (cfg.ple_embed_dim / heads) as u32,
+            format,
+            width: width as u32,
             layers: hashes.len() as u32,
             rows: hashes.iter().map(|h| h.rows_padded).sum(),
             hash_fingerprint: hash_fingerprint(&hashes),
             checksum: 0,
+            scale_2: vec![1.0; hashes.len()],
         })
     }
 
     pub fn row_bytes(&self) -> usize {
-        self.width as usize * self.format.bytes_per_value()
+        self.format.row_bytes(self.width as usize)
     }
 
     /// The rows' bytes: the file's size less the header.
@@ -106,6 +130,9 @@ impl TableHeader {
         h[24..32].copy_from_slice(&self.rows.to_le_bytes());
         h[32..40].copy_from_slice(&self.hash_fingerprint.to_le_bytes());
         h[40..48].copy_from_slice(&self.checksum.to_le_bytes());
+        for (l, s) in self.scale_2.iter().take(MAX_LAYERS).enumerate() {
+            h[SCALES_AT + 4 * l..SCALES_AT + 4 * l + 4].copy_from_slice(&s.to_le_bytes());
+        }
         h
     }
 
@@ -134,13 +161,21 @@ impl TableHeader {
         }
         let format = RowFormat::from_code(u32_at(12))
             .ok_or_else(|| CheckpointError(format!("{what}: unknown row format {}", u32_at(12))))?;
+        let layers = u32_at(20);
+        if layers as usize > MAX_LAYERS {
+            return Err(CheckpointError(format!(
+                "{what}: {layers} layers in the header; a table holds at most {MAX_LAYERS}"
+            )));
+        }
+        let scale_2 = (0..layers as usize).map(|l| f32::from_bits(u32_at(SCALES_AT + 4 * l))).collect();
         Ok(TableHeader {
             format,
             width: u32_at(16),
-            layers: u32_at(20),
+            layers,
             rows: u64_at(24),
             hash_fingerprint: u64_at(32),
             checksum: u64_at(40),
+            scale_2,
         })
     }
 }
@@ -259,10 +294,17 @@ fn bf16_bytes(t: &TensorRef<'_>) -> Result<Vec<u8>, CheckpointError> {
 }
 
 /// Writes the n-gram table of every PLE layer of `cfg` from checkpoint `ck` into `out`, the layout
-/// [`PleTableFile`] maps. The rows come from `…ple_embedding.ngram_embedding.weight` or its
-/// `shard_{s}` parts, in order; shapes are checked. Returns the header written.
-pub fn write_table(cfg: &ModelConfig, ck: &Checkpoint, out: &Path) -> Result<TableHeader, CheckpointError> {
-    let mut header = TableHeader::for_config(cfg)?;
+/// [`PleTableFile`] maps, in `format`: bf16 (bf16 rows as stored, f16 and f32 rounded), or NVFP4
+/// (quantised here, part after part, with one global scale per layer from a first pass over the
+/// layer's rows). The rows come from `…ple_embedding.ngram_embedding.weight` or its `shard_{s}`
+/// parts, in order; shapes are checked. Returns the header written.
+pub fn write_table(
+    cfg: &ModelConfig,
+    ck: &Checkpoint,
+    out: &Path,
+    format: RowFormat,
+) -> Result<TableHeader, CheckpointError> {
+    let mut header = TableHeader::for_config(cfg, format)?;
     let io = |e: std::io::Error| CheckpointError(format!("{}: {e}", out.display()));
     let file = File::create(out).map_err(io)?;
     let mut w = BufWriter::with_capacity(1 << 22, file);
@@ -284,10 +326,25 @@ pub fn write_table(cfg: &ModelConfig, ck: &Checkpoint, out: &Path) -> Result<Tab
             }
             (0..n).map(|s| (format!("{p}.shard_{s}.weight"), rows / n)).collect()
         };
-        for (name, part_rows) in parts {
-            let t = ck.require(&name)?;
-            t.expect_shape(&[part_rows, width])?;
-            let bytes = bf16_bytes(&t)?;
+        for (name, part_rows) in &parts {
+            ck.require(name)?.expect_shape(&[*part_rows, width])?;
+        }
+        if format == RowFormat::Nvfp4 {
+            let mut amax = 0.0f32;
+            for (name, _) in &parts {
+                amax = ck.require(name)?.to_f32()?.iter().fold(amax, |m, v| m.max(v.abs()));
+            }
+            header.scale_2[k] = Nvfp4Matrix::scale_2_for(amax);
+        }
+        for (name, part_rows) in &parts {
+            let t = ck.require(name)?;
+            let bytes = match format {
+                RowFormat::Bf16 => bf16_bytes(&t)?,
+                RowFormat::Nvfp4 => {
+                    let m = Nvfp4Matrix::quantise_with_scale_2(&t.to_f32()?, *part_rows, width, header.scale_2[k]);
+                    bytemuck::cast_slice(&nvfp4_rows(&m)).to_vec()
+                }
+            };
             sum.update(&bytes);
             w.write_all(&bytes).map_err(io)?;
         }
@@ -316,7 +373,7 @@ impl PleTableFile {
         // written while the engine runs (a file changed underneath is outside what it supports).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| CheckpointError(format!("{what}: mapping: {e}")))?;
         let header = TableHeader::decode(&map, &what)?;
-        let want = TableHeader::for_config(cfg)?;
+        let want = TableHeader::for_config(cfg, header.format)?;
         if header.format != want.format || header.width != want.width || header.layers != want.layers {
             return Err(CheckpointError(format!(
                 "{what}: a table of {} layers of {}-value {:?} rows; the config needs {} layers of {}-value {:?} rows",
@@ -429,14 +486,15 @@ mod tests {
     #[test]
     fn header_round_trips() {
         let h = TableHeader {
-            format: RowFormat::Bf16,
+            format: RowFormat::Nvfp4,
             width: 160,
-            layers: 1,
-            rows: 320_001_536,
+            layers: 2,
+            rows: 640_003_072,
             hash_fingerprint: 0x0123_4567_89ab_cdef,
             checksum: 42,
+            scale_2: vec![0.25, 3.5e-4],
         };
-        assert_eq!(TableHeader::decode(&h.encode(), "t"), Ok(h));
-        assert_eq!(h.data_bytes(), 320_001_536 * 320);
+        assert_eq!(TableHeader::decode(&h.encode(), "t"), Ok(h.clone()));
+        assert_eq!(h.data_bytes(), 640_003_072 * 96);
     }
 }

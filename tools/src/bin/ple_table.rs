@@ -1,8 +1,8 @@
 //! Writes the PLE n-gram table of a checkpoint into the one file the engine maps, or checks one.
 //!
-//! `ple_table write <checkpoint dir> <table file>`: every PLE layer's rows (the whole tensor or its
-//! `shard_{s}` parts), layer after layer, bf16, after a header with the hash fingerprint and a
-//! checksum. `ple_table check <checkpoint dir> <table file>`: opens the table against the
+//! `ple_table write [--nvfp4] <checkpoint dir> <table file>`: every PLE layer's rows (the whole
+//! tensor or its `shard_{s}` parts), layer after layer, bf16 or NVFP4, after a header with the hash
+//! fingerprint, the layers' global scales and a checksum. `ple_table check <checkpoint dir> <table file>`: opens the table against the
 //! checkpoint's config (size, header, hash) and verifies the checksum over every row.
 
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use engine::model::checkpoint::Checkpoint;
 use engine::model::config::ModelConfig;
-use engine::model::ple_table::{PleTableFile, write_table};
+use engine::model::ple_table::{PleTableFile, RowFormat, write_table};
 
 /// The PLE table file: write it from a checkpoint, or check it against one.
 #[derive(Parser, Debug)]
@@ -25,7 +25,13 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Writes the table of the checkpoint in CHECKPOINT into TABLE.
-    Write { checkpoint: PathBuf, table: PathBuf },
+    Write {
+        checkpoint: PathBuf,
+        table: PathBuf,
+        /// NVFP4 rows (quantised here, one global scale per layer) instead of bf16.
+        #[arg(long)]
+        nvfp4: bool,
+    },
     /// Checks TABLE against the config in CHECKPOINT and verifies its checksum.
     Check { checkpoint: PathBuf, table: PathBuf },
 }
@@ -33,10 +39,11 @@ enum Command {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     match cli.command {
-        Command::Write { checkpoint, table } => {
+        Command::Write { checkpoint, table, nvfp4 } => {
             let cfg = ModelConfig::from_file(&checkpoint.join("config.json"))?;
             let ck = Checkpoint::open(&checkpoint)?;
-            let h = write_table(&cfg, &ck, &table)?;
+            let format = if nvfp4 { RowFormat::Nvfp4 } else { RowFormat::Bf16 };
+            let h = write_table(&cfg, &ck, &table, format)?;
             println!(
                 "{}: {} layers, {} rows of {} values ({:?}), {} bytes of rows, checksum {:#018x}, in {:.1} s",
                 table.display(),
