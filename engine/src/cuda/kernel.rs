@@ -4,7 +4,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule};
+use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
 use kernel_dsl::{KernelArgs, KernelDef, KernelKey, LaunchDims, ParamValue};
 
 use super::device::Gpu;
@@ -69,6 +69,16 @@ impl<K: KernelDef> LoadedKernel<K> {
     /// shape in `args` (each kernel's doc says what it touches), and no buffer it writes may alias
     /// another argument. The kernel's requirements on tiles and shape are checked here.
     pub unsafe fn launch(&self, gpu: &Gpu, args: &K::Args) -> Result<()> {
+        // SAFETY: the caller's guarantees, on the GPU's own stream.
+        unsafe { self.launch_on(gpu, gpu.stream(), args) }
+    }
+
+    /// [`launch`](Self::launch) on another stream of the GPU's context (a side stream forked
+    /// from the main one with events, as [`super::SideStream`] does).
+    ///
+    /// # Safety
+    /// As for [`launch`](Self::launch); ordering against the main stream is the caller's.
+    pub unsafe fn launch_on(&self, gpu: &Gpu, stream: &CudaStream, args: &K::Args) -> Result<()> {
         let dims = self.dims(args)?;
         let params = args.params();
         // One 8-byte slot per parameter; the driver reads as many bytes as the parameter has.
@@ -103,7 +113,7 @@ impl<K: KernelDef> LoadedKernel<K> {
                 blockDimY: by,
                 blockDimZ: bz,
                 sharedMemBytes: dims.dynamic_shared_bytes,
-                hStream: gpu.stream().cu_stream(),
+                hStream: stream.cu_stream(),
                 attrs: &mut attribute,
                 numAttrs: 1,
             };
@@ -124,7 +134,7 @@ impl<K: KernelDef> LoadedKernel<K> {
                 (gx, gy, gz),
                 (bx, by, bz),
                 dims.dynamic_shared_bytes,
-                gpu.stream().cu_stream(),
+                stream.cu_stream(),
                 &mut ptrs,
             )
         }

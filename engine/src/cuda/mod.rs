@@ -6,11 +6,15 @@ pub mod cache;
 pub mod cubin_info;
 pub mod device;
 pub mod graph;
+pub mod host_mapped;
 pub mod kernel;
 pub mod nvrtc;
+pub mod side_stream;
 pub mod timing;
 
 pub use buffer::DeviceBuffer;
 pub use device::{DeviceInfo, Gpu};
 pub use graph::Graph;
+pub use host_mapped::MappedHostBuffer;
 pub use kernel::LoadedKernel;
+pub use side_stream::SideStream;

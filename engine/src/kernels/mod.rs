@@ -5,6 +5,7 @@ pub mod gdn;
 pub mod gemv_bf16;
 pub mod mix;
 pub mod moe;
+pub mod ple;
 pub mod zc_rmsnorm;
 
 use kernel_dsl::AnyKernel;
@@ -25,4 +26,8 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &gdn::in_proj::gdn_in_proj_bf16::ERASED,
     &gdn::in_proj::gdn_in_proj_nvfp4::ERASED,
     &gdn::state_update::gdn_state_update::ERASED,
+    &ple::ids::ple_ids::ERASED,
+    &ple::gather_bf16::ple_gather_bf16::ERASED,
+    &ple::gather_nvfp4::ple_gather_nvfp4::ERASED,
+    &ple::gate_conv::ple_gate_conv::ERASED,
 ];

@@ -4,3 +4,4 @@
 pub mod gdn;
 pub mod mix;
 pub mod moe;
+pub mod ple;

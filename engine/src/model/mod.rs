@@ -5,4 +5,5 @@ pub mod checkpoint;
 pub mod config;
 pub mod ngram_hash;
 pub mod nvfp4;
+pub mod ple_table;
 pub mod weights;

@@ -99,6 +99,21 @@ impl NgramHash {
         }
     }
 
+    /// The tokens an n-gram spans: the current one and `ngram_size − 1` before it.
+    pub fn ngram_size(&self) -> usize {
+        self.ngram_size
+    }
+
+    /// Heads of each n-gram order; head h has order 2 + h / heads_per_ngram.
+    pub fn heads_per_ngram(&self) -> usize {
+        self.heads_per_ngram
+    }
+
+    /// The token that starts the history and resets it.
+    pub fn eos(&self) -> u32 {
+        self.eos
+    }
+
     /// The start-of-sequence history: `ngram_size − 1` eos tokens, oldest first.
     pub fn initial_history(&self) -> Vec<u32> {
         vec![self.eos; self.ngram_size.saturating_sub(1)]

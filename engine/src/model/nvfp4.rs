@@ -65,10 +65,21 @@ pub fn e2m1_from_f32(x: f32) -> u8 {
 impl Nvfp4Matrix {
     /// Quantises a row-major [rows, cols] matrix; `cols` must be a multiple of 16.
     pub fn quantise(w: &[f32], rows: usize, cols: usize) -> Nvfp4Matrix {
+        let amax = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        Nvfp4Matrix::quantise_with_scale_2(w, rows, cols, Nvfp4Matrix::scale_2_for(amax))
+    }
+
+    /// The global scale for values up to `amax`: the largest block scale (448) times the largest
+    /// code (6) reaches it.
+    pub fn scale_2_for(amax: f32) -> f32 {
+        amax / (6.0 * 448.0)
+    }
+
+    /// Quantises with a given global scale: for a matrix quantised in parts (a table too large to
+    /// hold in f32 at once), each part with the scale of the whole.
+    pub fn quantise_with_scale_2(w: &[f32], rows: usize, cols: usize, scale_2: f32) -> Nvfp4Matrix {
         assert_eq!(w.len(), rows * cols, "w is rows × cols");
         assert_eq!(cols % BLOCK, 0, "NVFP4 needs a multiple of 16 columns");
-        let amax = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let scale_2 = amax / (6.0 * 448.0);
         let blocks = cols / BLOCK;
         let mut packed = vec![0u8; rows * cols / 2];
         let mut scales = vec![0u8; rows * blocks];
