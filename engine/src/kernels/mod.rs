@@ -4,6 +4,7 @@
 pub mod gdn;
 pub mod gemv_bf16;
 pub mod moe;
+pub mod qsa;
 pub mod zc_rmsnorm;
 
 use kernel_dsl::AnyKernel;
@@ -20,4 +21,6 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &gdn::in_proj::gdn_in_proj_bf16::ERASED,
     &gdn::in_proj::gdn_in_proj_nvfp4::ERASED,
     &gdn::state_update::gdn_state_update::ERASED,
+    &qsa::block_scores::qsa_block_scores::ERASED,
+    &qsa::top_blocks::qsa_top_blocks::ERASED,
 ];

@@ -18,6 +18,22 @@ pub struct QsaState {
     pub block_keys: Vec<Vec<f32>>,
 }
 
+/// Each block's score: Σ_j ReLU(q_j · K̄_b) / √d_I over the index queries q_j (normed and rotated)
+/// and the blocks' pooled keys K̄_b, summed in f64.
+pub fn block_scores(index_q: &[Vec<f32>], block_keys: &[Vec<f32>]) -> Vec<f32> {
+    let di = index_q.first().map_or(0, Vec::len);
+    block_keys
+        .iter()
+        .map(|kb| {
+            let relu_sum: f64 = index_q
+                .iter()
+                .map(|q| q.iter().zip(kb).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>().max(0.0))
+                .sum();
+            (relu_sum / (di as f64).sqrt()) as f32
+        })
+        .collect()
+}
+
 /// The top `k` of `scores`, by score descending and then by lower index; returned ascending.
 pub fn top_blocks(scores: &[f32], k: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();
@@ -70,18 +86,7 @@ pub fn qsa(x: &[f32], pos: usize, w: &QsaWeights, cfg: &ModelConfig, rope: &Rope
         st.block_keys.push(key);
     }
     let block_keys = &st.block_keys;
-    let selected = selection(cfg, pos, || {
-        block_keys
-            .iter()
-            .map(|kb| {
-                let relu_sum: f64 = index_q
-                    .iter()
-                    .map(|q| q.iter().zip(kb).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>().max(0.0))
-                    .sum();
-                (relu_sum / (di as f64).sqrt()) as f32
-            })
-            .collect()
-    });
+    let selected = selection(cfg, pos, || block_scores(&index_q, block_keys));
 
     // Gated attention.
     let qg = w.q.apply(x);
