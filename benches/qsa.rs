@@ -6,7 +6,10 @@
 //! - the block scores (4 index heads of 128 dims against every pooled key, f32) at 32k and 128k
 //!   tokens of context, against the bytes they must read (the pooled keys and the queries), with
 //!   the keys of several layers rotated through more memory than the L2 holds;
-//! - both chained, as a layer runs them.
+//! - both chained, as a layer runs them;
+//! - the gated attention (24 query heads on 2 key/value heads of 256, bf16 caches) through a
+//!   full selection (512 blocks spread over the context, plus a tail of 3 tokens) at 32k and
+//!   128k tokens, against the K/V rows it must read, the caches of 12 layers in device memory.
 //!
 //! benches/qsa_torch.py times torch.topk and the scores in PyTorch the same way.
 //! Lines go to stdout and to $OUT/bench-qsa.jsonl (or target/bench-qsa.jsonl).
@@ -17,6 +20,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
+use engine::kernels::qsa::attention::qsa_attention;
 use engine::kernels::qsa::block_scores::qsa_block_scores;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use flashnext::rng::Rng;
@@ -32,6 +36,9 @@ const DIM: usize = 128;
 const BLOCK_TOKENS: usize = 4;
 /// Launches per graph.
 const LAUNCHES: usize = 48;
+
+/// Draws one score.
+type Draw = Box<dyn Fn(&mut Rng) -> f32>;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -105,7 +112,7 @@ fn bench_qsa(c: &mut Criterion) {
 
     // The top-k: LAUNCHES launches, each on its own scores (256 KB each: the set stays in L2, as
     // the scores the kernel before has just written do).
-    let distributions: [(&str, Box<dyn Fn(&mut Rng) -> f32>); 3] = [
+    let distributions: [(&str, Draw); 3] = [
         ("continuous", Box::new(|r: &mut Rng| r.uniform() * 2f32.powi((r.next_u64() % 16) as i32 - 8))),
         ("64 levels", Box::new(|r: &mut Rng| (r.next_u64() % 64) as f32 * 0.125)),
         ("all zero", Box::new(|_: &mut Rng| 0.0)),
@@ -223,6 +230,89 @@ fn bench_qsa(c: &mut Criterion) {
                 copy_bw,
             );
         }
+    }
+
+    // The attention through a full selection, 12 layers' caches (zero-filled: the values do not
+    // change the work), each layer's selection spread at random over its context.
+    let (q_heads, kv_heads, head_dim) = (24usize, 2usize, 256usize);
+    let ka = gpu.kernel::<qsa_attention::Kernel>(TileSet::DEFAULT).expect("compile");
+    let splits_max = (TOP * BLOCK_TOKENS + BLOCK_TOKENS).div_ceil(16);
+    for context in [32_768usize, 131_072] {
+        let layers = 12;
+        let n = context / BLOCK_TOKENS;
+        let tail = 3;
+        let position = n * BLOCK_TOKENS + tail - 1;
+        let caches: Vec<(DeviceBuffer<half::bf16>, DeviceBuffer<half::bf16>)> = (0..layers)
+            .map(|_| {
+                let len = (position + 1) * kv_heads * head_dim;
+                (gpu.alloc(len).expect("k cache"), gpu.alloc(len).expect("v cache"))
+            })
+            .collect();
+        let selections: Vec<DeviceBuffer<u32>> = (0..layers)
+            .map(|_| {
+                let mut blocks: Vec<u32> = Vec::with_capacity(TOP);
+                while blocks.len() < TOP {
+                    let b = (rng.next_u64() % n as u64) as u32;
+                    if !blocks.contains(&b) {
+                        blocks.push(b);
+                    }
+                }
+                blocks.sort_unstable();
+                gpu.upload(&blocks).expect("selection")
+            })
+            .collect();
+        let count = gpu.upload(&[TOP as u32]).expect("count");
+        let pos = gpu.upload(&[position as u32]).expect("position");
+        let q = gpu.upload(&(0..q_heads * head_dim).map(|_| rng.normal()).collect::<Vec<f32>>()).expect("q");
+        let gate = gpu.upload(&(0..q_heads * head_dim).map(|_| rng.normal()).collect::<Vec<f32>>()).expect("gate");
+        let mut acc: Vec<DeviceBuffer<f32>> =
+            (0..layers).map(|_| gpu.alloc(q_heads * splits_max * head_dim).expect("partials")).collect();
+        let mut ml: Vec<DeviceBuffer<f32>> =
+            (0..layers).map(|_| gpu.alloc(q_heads * splits_max * 2).expect("partials")).collect();
+        let mut counters: Vec<DeviceBuffer<u32>> =
+            (0..layers).map(|_| gpu.alloc(kv_heads).expect("counters")).collect();
+        let mut o: Vec<DeviceBuffer<half::bf16>> =
+            (0..layers).map(|_| gpu.alloc(q_heads * head_dim).expect("o")).collect();
+        let args: Vec<qsa_attention::Args> = (0..layers)
+            .map(|l| qsa_attention::Args {
+                q: q.ptr(),
+                gate: gate.ptr(),
+                k_cache: caches[l].0.ptr(),
+                v_cache: caches[l].1.ptr(),
+                selected: selections[l].ptr(),
+                count: count.ptr(),
+                position: pos.ptr(),
+                partial_acc: acc[l].ptr_mut(),
+                partial_ml: ml[l].ptr_mut(),
+                counters: counters[l].ptr_mut(),
+                o: o[l].ptr_mut(),
+                q_heads: q_heads as u32,
+                kv_heads: kv_heads as u32,
+                head_dim: head_dim as u32,
+                block_tokens: BLOCK_TOKENS as u32,
+                top: TOP as u32,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            })
+            .collect();
+        let g = gpu
+            .capture(|| {
+                for a in &args {
+                    // SAFETY: each layer's caches hold position + 1 tokens, its selection TOP
+                    // blocks below n, its partials the most splits; all outlive the graph.
+                    unsafe { ka.launch(&gpu, a) }?;
+                }
+                Ok(())
+            })
+            .expect("capture");
+        if profile {
+            g.launch().expect("replay");
+            gpu.synchronize().expect("sync");
+            continue;
+        }
+        let t = replay_times(&gpu, &g, layers, 30);
+        let tokens = TOP * BLOCK_TOKENS + tail;
+        let bytes = 2 * tokens * kv_heads * head_dim * 2 + 2 * q_heads * head_dim * 4 + TOP * 4;
+        sink.record(&format!("attention at {}k tokens ({tokens} attended)", context / 1024), t, bytes, copy_bw);
     }
 
     // A criterion line for the headline: the top-k of 65,536 continuous scores.

@@ -6,6 +6,7 @@
 //! the same bits; every tile candidate runs. Fresh random inputs each run.
 
 use engine::cuda::{DeviceBuffer, Gpu};
+use engine::kernels::qsa::attention::qsa_attention;
 use engine::kernels::qsa::block_scores::qsa_block_scores;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use engine::reference::qsa::{block_scores, top_blocks};
@@ -37,7 +38,7 @@ fn draw(rng: &mut Rng, kind: Scores, n: usize) -> Vec<f32> {
     for i in 0..n {
         let x = match kind {
             Scores::FewLevels => (rng.next_u64() % 64) as f32 * 0.125,
-            Scores::Continuous if i > 0 && rng.next_u64() % 8 == 0 => v[(rng.next_u64() % i as u64) as usize],
+            Scores::Continuous if i > 0 && rng.next_u64().is_multiple_of(8) => v[(rng.next_u64() % i as u64) as usize],
             Scores::Continuous => rng.uniform() * 2f32.powi((rng.next_u64() % 40) as i32 - 20),
             Scores::AllZero => 0.0,
             Scores::Signed => match rng.next_u64() % 8 {
@@ -267,5 +268,142 @@ fn scores_then_top_k_on_the_device() {
         want.resize(TOP, u32::MAX);
         assert_eq!(gpu.download(&count).expect("count")[0] as usize, TOP.min(n), "position {position}: count");
         assert_eq!(gpu.download(&selected).expect("selected"), want, "position {position}: selection");
+    }
+}
+
+/// One attention problem: the shape, the budget and the context.
+#[derive(Clone, Copy, Debug)]
+struct AttentionCase {
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_tokens: usize,
+    top: usize,
+    /// Tokens in the cache, the current one last (position = context − 1).
+    context: usize,
+}
+
+/// The tokens the reference attends to, from a model config with this case's indexer fields.
+fn reference_tokens(c: &AttentionCase, scores: &[f32]) -> Vec<usize> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-sparse/config.json");
+    let mut cfg = engine::model::config::ModelConfig::from_file(std::path::Path::new(path)).expect("tiny config");
+    cfg.indexer_block = c.block_tokens;
+    cfg.indexer_budget = c.top * c.block_tokens;
+    assert_eq!(cfg.indexer_top_blocks(), c.top);
+    engine::reference::qsa::selection(&cfg, c.context - 1, || scores.to_vec())
+}
+
+/// Runs the attention of `c` on random inputs for each tile set: o within 1e-2 relative L2 of
+/// `reference::qsa::gated_attention` over the reference's tokens, every element finite, a second
+/// launch bit-identical.
+fn attention_case(gpu: &Gpu, rng: &mut Rng, c: AttentionCase, tile_sets: &[qsa_attention::Tiles]) {
+    use half::bf16;
+    let (hq, hkv, dh) = (c.q_heads, c.kv_heads, c.head_dim);
+    let n = c.context / c.block_tokens;
+    let scores = draw(rng, Scores::FewLevels, n);
+    let chosen = top_blocks(&scores, c.top.min(n));
+    let tokens = reference_tokens(&c, &scores);
+    // Caches as the device holds them (bf16), and the same values per token for the reference
+    // (only the attended tokens filled in).
+    let k_cache: Vec<bf16> = rng.bf16_normal(c.context * hkv * dh, 1.0);
+    let v_cache: Vec<bf16> = rng.bf16_normal(c.context * hkv * dh, 1.0);
+    let row = |cache: &[bf16], t: usize| cache[t * hkv * dh..(t + 1) * hkv * dh].iter().map(|v| v.to_f32()).collect();
+    let mut keys: Vec<Vec<f32>> = vec![Vec::new(); c.context];
+    let mut values: Vec<Vec<f32>> = vec![Vec::new(); c.context];
+    for &t in &tokens {
+        keys[t] = row(&k_cache, t);
+        values[t] = row(&v_cache, t);
+    }
+    // Queries of norm ~√D·2, so that the softmax is far from uniform.
+    let q: Vec<f32> = (0..hq * dh).map(|_| 2.0 * rng.normal()).collect();
+    let gate: Vec<f32> = (0..hq * dh).map(|_| rng.normal()).collect();
+    let want = engine::reference::qsa::gated_attention(&q, &gate, &keys, &values, &tokens, hkv);
+
+    let mut sel_host: Vec<u32> = chosen.iter().map(|&b| b as u32).collect();
+    sel_host.resize(c.top, u32::MAX);
+    let d_q = gpu.upload(&q).expect("q");
+    let d_gate = gpu.upload(&gate).expect("gate");
+    let d_k = gpu.upload(&k_cache).expect("k cache");
+    let d_v = gpu.upload(&v_cache).expect("v cache");
+    let d_sel = gpu.upload(&sel_host).expect("selected");
+    let d_count = gpu.upload(&[c.top.min(n) as u32]).expect("count");
+    let d_pos = gpu.upload(&[(c.context - 1) as u32]).expect("position");
+    let splits_max = (c.top * c.block_tokens + c.block_tokens).div_ceil(16);
+    let mut acc = gpu.alloc::<f32>(hq * splits_max * dh).expect("partials");
+    let mut ml = gpu.alloc::<f32>(hq * splits_max * 2).expect("partials");
+    let mut counters = gpu.alloc::<u32>(hkv).expect("counters");
+    let mut o = gpu.alloc::<bf16>(hq * dh).expect("o");
+    let mut ran = 0;
+    for &tiles in tile_sets {
+        let label = format!("{c:?} {tiles:?}");
+        let args = qsa_attention::Args {
+            q: d_q.ptr(),
+            gate: d_gate.ptr(),
+            k_cache: d_k.ptr(),
+            v_cache: d_v.ptr(),
+            selected: d_sel.ptr(),
+            count: d_count.ptr(),
+            position: d_pos.ptr(),
+            partial_acc: acc.ptr_mut(),
+            partial_ml: ml.ptr_mut(),
+            counters: counters.ptr_mut(),
+            o: o.ptr_mut(),
+            q_heads: hq as u32,
+            kv_heads: hkv as u32,
+            head_dim: dh as u32,
+            block_tokens: c.block_tokens as u32,
+            top: c.top as u32,
+            scale: 1.0 / (dh as f32).sqrt(),
+        };
+        if qsa_attention::Kernel::launch_dims(&tiles, &args).is_err() {
+            continue;
+        }
+        ran += 1;
+        let k = gpu.kernel::<qsa_attention::Kernel>(tiles).expect("compile");
+        let mut outputs = Vec::new();
+        for _ in 0..2 {
+            gpu.fill_bytes(&mut o, POISON).expect("poison");
+            gpu.fill_bytes(&mut acc, POISON).expect("poison");
+            gpu.fill_bytes(&mut ml, POISON).expect("poison");
+            // SAFETY: the caches hold `context` tokens of kv_heads·head_dim, the selection `top`
+            // blocks below n; the partials are sized for the most splits any tile set makes.
+            unsafe { k.launch(gpu, &args) }.expect("launch");
+            outputs.push(gpu.download(&o).expect("o"));
+        }
+        assert_eq!(gpu.download(&counters).expect("counters"), vec![0; hkv], "{label}: counters left non-zero");
+        let got: Vec<f32> = outputs[0].iter().map(|v| v.to_f32()).collect();
+        if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+            panic!("{label}: o[{i}] = {} (unwritten?)", got[i]);
+        }
+        let num: f64 = got.iter().zip(&want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+        let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
+        let e = (num / den).sqrt();
+        println!("{label}: {} tokens, o within {e:.2e} of the reference (relative L2)", tokens.len());
+        assert!(e < 1e-2, "{label}: o is {e:.2e} from the reference (relative L2)");
+        assert!(
+            outputs[1].iter().zip(&outputs[0]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: a second launch gave different bits"
+        );
+    }
+    assert!(ran > 0, "no tile set runs {c:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_through_the_selection_matches_the_reference() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("qsa attention");
+    // The published shape: 24 query heads on 2 key/value heads of 256, blocks of 4, 512 kept.
+    let published =
+        |context| AttentionCase { q_heads: 24, kv_heads: 2, head_dim: 256, block_tokens: 4, top: TOP, context };
+    for context in [100, 2_052, 4_096, 100_000] {
+        attention_case(&gpu, &mut rng, published(context), &[TileSet::DEFAULT]);
+    }
+    // A small shape (head_dim 128, 3 query heads a key/value head, a budget of 8 blocks), every
+    // tile candidate: dense, at the budget, past it with and without a tail.
+    let candidates = qsa_attention::Tiles::candidates();
+    for context in [1, 7, 32, 33, 131, 400] {
+        let c = AttentionCase { q_heads: 6, kv_heads: 2, head_dim: 128, block_tokens: 4, top: 8, context };
+        attention_case(&gpu, &mut rng, c, &candidates);
     }
 }

@@ -23,4 +23,5 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &gdn::state_update::gdn_state_update::ERASED,
     &qsa::block_scores::qsa_block_scores::ERASED,
     &qsa::top_blocks::qsa_top_blocks::ERASED,
+    &qsa::attention::qsa_attention::ERASED,
 ];

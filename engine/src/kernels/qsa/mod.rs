@@ -1,5 +1,7 @@
-//! QSA sparse attention on the device: the block scores of the indexer ([`block_scores`]) and
-//! the deterministic top-k over them ([`top_blocks`]).
+//! QSA sparse attention on the device: the block scores of the indexer ([`block_scores`]), the
+//! deterministic top-k over them ([`top_blocks`]), and the gated decode attention through the
+//! selection ([`attention`]).
 
+pub mod attention;
 pub mod block_scores;
 pub mod top_blocks;
