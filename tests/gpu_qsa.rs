@@ -8,6 +8,7 @@
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::kernels::qsa::attention::qsa_attention;
 use engine::kernels::qsa::block_scores::qsa_block_scores;
+use engine::kernels::qsa::prepare::qsa_prepare;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use engine::reference::qsa::{block_scores, top_blocks};
 use flashnext::rng::Rng;
@@ -405,5 +406,222 @@ fn attention_through_the_selection_matches_the_reference() {
     for context in [1, 7, 32, 33, 131, 400] {
         let c = AttentionCase { q_heads: 6, kv_heads: 2, head_dim: 128, block_tokens: 4, top: 8, context };
         attention_case(&gpu, &mut rng, c, &candidates);
+    }
+}
+
+/// One preparation problem: the shape and the token's position.
+#[derive(Clone, Copy, Debug)]
+struct PrepareCase {
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    index_heads: usize,
+    index_dim: usize,
+    rotary: usize,
+    block_tokens: usize,
+    position: usize,
+}
+
+/// Runs `qsa_prepare` for `c` at each tile set (outputs poisoned, twice) against the reference's
+/// norms and RoPE: q, the index queries and a completed block's pooled key within f32 rounding,
+/// the cached key within a bf16 step, value and gate exact, nothing else written.
+fn prepare_case(gpu: &Gpu, rng: &mut Rng, c: PrepareCase, tile_sets: &[qsa_prepare::Tiles]) {
+    use engine::reference::norm::zc_rms_norm_shared;
+    use engine::reference::rope::Rope;
+    use half::bf16;
+    let (hq, hkv, dh, hi, di, bt, pos) =
+        (c.q_heads, c.kv_heads, c.head_dim, c.index_heads, c.index_dim, c.block_tokens, c.position);
+    let eps = 1e-6f32;
+    let tokens = (pos + 1).div_ceil(bt) * bt;
+    let rows = hq * 2 * dh + 2 * hkv * dh + (hi + 1) * di;
+    let proj: Vec<bf16> = rng.bf16_normal(rows, 1.0);
+    let norm = |rng: &mut Rng, n| rng.bf16_normal(n, 0.2);
+    let (q_norm, k_norm, iq_norm, ik_norm) = (norm(rng, dh), norm(rng, dh), norm(rng, di), norm(rng, di));
+    let rope = Rope::new(1e7, c.rotary);
+    let table = rope.table(tokens);
+    // The raw index keys of the block's earlier tokens, as earlier launches left them.
+    let poison = f32::from_bits(u32::from_ne_bytes([POISON; 4]));
+    let mut index_keys = vec![poison; tokens * di];
+    let first = pos / bt * bt;
+    for v in &mut index_keys[first * di..pos * di] {
+        *v = rng.normal();
+    }
+
+    // The reference.
+    let f = |v: &[bf16]| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+    let p = f(&proj);
+    let rotated = |x: &[f32], w: &[bf16], at: usize| {
+        let mut y = zc_rms_norm_shared(x, &f(w), eps);
+        rope.apply(&mut y, at);
+        y
+    };
+    let want_q: Vec<f32> = (0..hq).flat_map(|h| rotated(&p[h * 2 * dh..h * 2 * dh + dh], &q_norm, pos)).collect();
+    let want_gate: Vec<f32> = (0..hq).flat_map(|h| p[h * 2 * dh + dh..(h + 1) * 2 * dh].to_vec()).collect();
+    let k_base = hq * 2 * dh;
+    let want_k: Vec<f32> =
+        (0..hkv).flat_map(|j| rotated(&p[k_base + j * dh..k_base + (j + 1) * dh], &k_norm, pos)).collect();
+    let v_base = k_base + hkv * dh;
+    let iq_base = v_base + hkv * dh;
+    let want_iq: Vec<f32> =
+        (0..hi).flat_map(|j| rotated(&p[iq_base + j * di..iq_base + (j + 1) * di], &iq_norm, pos)).collect();
+    let ik_base = iq_base + hi * di;
+    let mut want_index_keys = index_keys.clone();
+    want_index_keys[pos * di..(pos + 1) * di].copy_from_slice(&p[ik_base..ik_base + di]);
+    let completes = (pos + 1) % bt == 0;
+    let want_block: Vec<f32> = if completes {
+        let mean: Vec<f32> = (0..di)
+            .map(|i| {
+                ((first..first + bt).map(|t| f64::from(want_index_keys[t * di + i])).sum::<f64>() / bt as f64) as f32
+            })
+            .collect();
+        rotated(&mean, &ik_norm, first)
+    } else {
+        Vec::new()
+    };
+
+    let d_proj = gpu.upload(&proj).expect("proj");
+    let (d_qn, d_kn) = (gpu.upload(&q_norm).expect("norm"), gpu.upload(&k_norm).expect("norm"));
+    let (d_iqn, d_ikn) = (gpu.upload(&iq_norm).expect("norm"), gpu.upload(&ik_norm).expect("norm"));
+    let d_rope = gpu.upload(&table).expect("rope");
+    let d_pos = gpu.upload(&[pos as u32]).expect("position");
+    let mut q = gpu.alloc::<f32>(hq * dh).expect("q");
+    let mut gate = gpu.alloc::<f32>(hq * dh).expect("gate");
+    let mut k_cache = gpu.alloc::<bf16>(tokens * hkv * dh).expect("k cache");
+    let mut v_cache = gpu.alloc::<bf16>(tokens * hkv * dh).expect("v cache");
+    let mut index_q = gpu.alloc::<f32>(hi * di).expect("index q");
+    let mut d_index_keys = gpu.alloc::<f32>(tokens * di).expect("index keys");
+    let mut block_keys = gpu.alloc::<f32>(tokens / bt * di).expect("block keys");
+    let mut ran = 0;
+    for &tiles in tile_sets {
+        let label = format!("{c:?} {tiles:?}");
+        let args = qsa_prepare::Args {
+            proj: d_proj.ptr(),
+            q_norm: d_qn.ptr(),
+            k_norm: d_kn.ptr(),
+            index_q_norm: d_iqn.ptr(),
+            index_k_norm: d_ikn.ptr(),
+            rope: d_rope.ptr(),
+            position: d_pos.ptr(),
+            q: q.ptr_mut(),
+            gate: gate.ptr_mut(),
+            k_cache: k_cache.ptr_mut(),
+            v_cache: v_cache.ptr_mut(),
+            index_q: index_q.ptr_mut(),
+            index_keys: d_index_keys.ptr_mut(),
+            block_keys: block_keys.ptr_mut(),
+            q_heads: hq as u32,
+            kv_heads: hkv as u32,
+            head_dim: dh as u32,
+            index_heads: hi as u32,
+            index_dim: di as u32,
+            rotary: c.rotary as u32,
+            block_tokens: bt as u32,
+            eps,
+        };
+        if qsa_prepare::Kernel::launch_dims(&tiles, &args).is_err() {
+            continue;
+        }
+        ran += 1;
+        let k = gpu.kernel::<qsa_prepare::Kernel>(tiles).expect("compile");
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            for b in [&mut q, &mut gate, &mut index_q, &mut block_keys] {
+                gpu.fill_bytes(b, POISON).expect("poison");
+            }
+            gpu.fill_bytes(&mut k_cache, POISON).expect("poison");
+            gpu.fill_bytes(&mut v_cache, POISON).expect("poison");
+            gpu.write(&mut d_index_keys, &index_keys).expect("index keys");
+            // SAFETY: proj holds every projection row, the caches and the RoPE table `tokens`
+            // positions (> position), the block keys tokens / block_tokens blocks.
+            unsafe { k.launch(gpu, &args) }.expect("launch");
+            runs.push((
+                gpu.download(&q).expect("q"),
+                gpu.download(&gate).expect("gate"),
+                gpu.download(&k_cache).expect("k"),
+                gpu.download(&v_cache).expect("v"),
+                gpu.download(&index_q).expect("iq"),
+                gpu.download(&d_index_keys).expect("ik"),
+                gpu.download(&block_keys).expect("bk"),
+            ));
+        }
+        let (gq, ggate, gk, gv, giq, gik, gbk) = &runs[0];
+        let close = |what: &str, got: &[f32], want: &[f32]| {
+            for (i, (a, b)) in got.iter().zip(want).enumerate() {
+                assert!((a - b).abs() <= 2e-5 * b.abs().max(1.0), "{label}: {what}[{i}] = {a}, the reference {b}");
+            }
+        };
+        close("q", gq, &want_q);
+        close("index_q", giq, &want_iq);
+        assert_eq!(ggate, &want_gate, "{label}: gate");
+        let row = pos * hkv * dh..(pos + 1) * hkv * dh;
+        for (i, (a, b)) in gk[row.clone()].iter().zip(&want_k).enumerate() {
+            let a = a.to_f32();
+            assert!((a - b).abs() <= b.abs() / 128.0 + 1e-6, "{label}: k[{i}] = {a}, the reference {b}");
+        }
+        assert!(
+            gv[row.clone()].iter().zip(&proj[v_base..v_base + hkv * dh]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: v"
+        );
+        let untouched = |v: &[bf16]| v.iter().all(|x| x.to_bits() == u16::from_ne_bytes([POISON; 2]));
+        assert!(untouched(&gk[..row.start]) && untouched(&gk[row.end..]), "{label}: k cache written off its row");
+        assert!(untouched(&gv[..row.start]) && untouched(&gv[row.end..]), "{label}: v cache written off its row");
+        assert!(
+            gik.iter().zip(&want_index_keys).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: index keys (the raw key at the position, nothing else)"
+        );
+        let done = pos / bt;
+        for (blk, chunk) in gbk.chunks(di).enumerate() {
+            if completes && blk == done {
+                close("block key", chunk, &want_block);
+            } else {
+                assert!(chunk.iter().all(|x| x.to_bits() == poison.to_bits()), "{label}: block key {blk} written");
+            }
+        }
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let (q2, _, k2, _, iq2, _, bk2) = &runs[1];
+        assert!(
+            same(gq, q2)
+                && same(giq, iq2)
+                && same(gbk, bk2)
+                && gk.iter().zip(k2).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: a second launch gave different bits"
+        );
+    }
+    assert!(ran > 0, "no tile set runs {c:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn prepare_matches_the_reference_norms_and_rope() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("qsa prepare");
+    let published = |position| PrepareCase {
+        q_heads: 24,
+        kv_heads: 2,
+        head_dim: 256,
+        index_heads: 4,
+        index_dim: 128,
+        rotary: 64,
+        block_tokens: 4,
+        position,
+    };
+    // A token inside a block, one completing the first block, one completing block 512, the last
+    // of a 128k context.
+    for position in [0, 3, 2_049, 2_051, 131_071] {
+        prepare_case(&gpu, &mut rng, published(position), &[TileSet::DEFAULT]);
+    }
+    let candidates = qsa_prepare::Tiles::candidates();
+    for position in [0, 3, 5, 7] {
+        let c = PrepareCase {
+            q_heads: 4,
+            kv_heads: 2,
+            head_dim: 64,
+            index_heads: 3,
+            index_dim: 16,
+            rotary: 16,
+            block_tokens: 4,
+            position,
+        };
+        prepare_case(&gpu, &mut rng, c, &candidates);
     }
 }
