@@ -17,7 +17,7 @@
 // the order), the keys that match the bits already fixed; a block-wide scan over the bins in
 // descending order finds the bin that holds the `r`-th largest of those keys. A pass that finds
 // the bin holding exactly the `r` keys still wanted ends the search early. A last pass walks the
-// scores in index order, tiles of 4·THREADS, and compacts with a block-wide scan: every key
+// scores in index order, tiles of 16·THREADS, and compacts with a block-wide scan: every key
 // above T, and the first `r` keys equal to T (the lower indices win the ties). The output is
 // thus in ascending block order, and every step is deterministic.
 
@@ -55,6 +55,7 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
             hist[b] = 0u;
         }
         __syncthreads();
+        #pragma unroll 4
         for (unsigned i = tid * 4u; i < n; i += 2048u) {
             const float4 v = *reinterpret_cast<const float4*>(scores + i);
             const unsigned b0 = __float_as_uint(v.x);
@@ -130,29 +131,36 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
     }
     unsigned above_before = 0u;
     unsigned ties_before = 0u;
-    for (unsigned base = 0u; base < n; base += 2048u) {
-        const unsigned i_1 = base + tid * 4u;
-        float4 v_1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (i_1 < n) {
-            v_1 = *reinterpret_cast<const float4*>(scores + i_1);
+    for (unsigned base = 0u; base < n; base += 8192u) {
+        const unsigned i0 = base + tid * 16u;
+        unsigned keys[16] = {};
+        #pragma unroll
+        for (unsigned v = 0u; v < 4u; ++v) {
+            const unsigned i_1 = i0 + 4u * v;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i_1 < n) {
+                x = *reinterpret_cast<const float4*>(scores + i_1);
+            }
+            const unsigned b0_1 = __float_as_uint(x.x);
+            const unsigned b1_1 = __float_as_uint(x.y);
+            const unsigned b2_1 = __float_as_uint(x.z);
+            const unsigned b3_1 = __float_as_uint(x.w);
+            keys[4u * v] = (b0_1 ^ (b0_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
+            keys[4u * v + 1u] = (b1_1 ^ (b1_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
+            keys[4u * v + 2u] = (b2_1 ^ (b2_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
+            keys[4u * v + 3u] = (b3_1 ^ (b3_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
         }
-        const unsigned b0_1 = __float_as_uint(v_1.x);
-        const unsigned b1_1 = __float_as_uint(v_1.y);
-        const unsigned b2_1 = __float_as_uint(v_1.z);
-        const unsigned b3_1 = __float_as_uint(v_1.w);
-        const unsigned m0 = (b0_1 ^ (b0_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
-        const unsigned m1 = (b1_1 ^ (b1_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
-        const unsigned m2 = (b2_1 ^ (b2_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
-        const unsigned m3 = (b3_1 ^ (b3_1 >= 2147483648u ? 0xffffffffu : 2147483648u)) & mask;
-        const unsigned a0 = (i_1 < n && m0 > prefix) ? 1u : 0u;
-        const unsigned a1 = (i_1 + 1u < n && m1 > prefix) ? 1u : 0u;
-        const unsigned a2 = (i_1 + 2u < n && m2 > prefix) ? 1u : 0u;
-        const unsigned a3 = (i_1 + 3u < n && m3 > prefix) ? 1u : 0u;
-        const unsigned t0 = (i_1 < n && m0 == prefix) ? 1u : 0u;
-        const unsigned t1 = (i_1 + 1u < n && m1 == prefix) ? 1u : 0u;
-        const unsigned t2 = (i_1 + 2u < n && m2 == prefix) ? 1u : 0u;
-        const unsigned t3 = (i_1 + 3u < n && m3 == prefix) ? 1u : 0u;
-        const unsigned own_1 = a0 + a1 + a2 + a3 + ((t0 + t1 + t2 + t3) << 16u);
+        unsigned own_1 = 0u;
+        #pragma unroll
+        for (unsigned e = 0u; e < 16u; ++e) {
+            if (i0 + e < n) {
+                if (keys[e] > prefix) {
+                    own_1 += 1u;
+                } else if (keys[e] == prefix) {
+                    own_1 += 65536u;
+                }
+            }
+        }
         unsigned inclusive_1 = own_1;
         unsigned offset_1 = 1u;
         while (offset_1 < 32u) {
@@ -177,35 +185,19 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
         const unsigned exclusive_1 = inclusive_1 - own_1;
         unsigned a = above_before + (exclusive_1 & 0xffffu);
         unsigned t_1 = ties_before + (exclusive_1 >> 16u);
-        if (a0 == 1u) {
-            selected[a + min(t_1, wanted)] = i_1;
-        }
-        if (t0 == 1u && t_1 < wanted) {
-            selected[a + t_1] = i_1;
-        }
-        a += a0;
-        t_1 += t0;
-        if (a1 == 1u) {
-            selected[a + min(t_1, wanted)] = i_1 + 1u;
-        }
-        if (t1 == 1u && t_1 < wanted) {
-            selected[a + t_1] = i_1 + 1u;
-        }
-        a += a1;
-        t_1 += t1;
-        if (a2 == 1u) {
-            selected[a + min(t_1, wanted)] = i_1 + 2u;
-        }
-        if (t2 == 1u && t_1 < wanted) {
-            selected[a + t_1] = i_1 + 2u;
-        }
-        a += a2;
-        t_1 += t2;
-        if (a3 == 1u) {
-            selected[a + min(t_1, wanted)] = i_1 + 3u;
-        }
-        if (t3 == 1u && t_1 < wanted) {
-            selected[a + t_1] = i_1 + 3u;
+        #pragma unroll
+        for (unsigned e = 0u; e < 16u; ++e) {
+            if (i0 + e < n) {
+                if (keys[e] > prefix) {
+                    selected[a + min(t_1, wanted)] = i0 + e;
+                    a += 1u;
+                } else if (keys[e] == prefix) {
+                    if (t_1 < wanted) {
+                        selected[a + t_1] = i0 + e;
+                    }
+                    t_1 += 1u;
+                }
+            }
         }
         above_before += tile_total & 0xffffu;
         ties_before += tile_total >> 16u;

@@ -18,7 +18,7 @@ use kernel_macros::kernel;
 /// the order), the keys that match the bits already fixed; a block-wide scan over the bins in
 /// descending order finds the bin that holds the `r`-th largest of those keys. A pass that finds
 /// the bin holding exactly the `r` keys still wanted ends the search early. A last pass walks the
-/// scores in index order, tiles of 4·THREADS, and compacts with a block-wide scan: every key
+/// scores in index order, tiles of 16·THREADS, and compacts with a block-wide scan: every key
 /// above T, and the first `r` keys equal to T (the lower indices win the ties). The output is
 /// thus in ascending block order, and every step is deterministic.
 #[kernel(
@@ -72,6 +72,7 @@ pub fn qsa_top_blocks(
             hist[b] = 0;
         }
         sync_threads();
+        #[unroll(4)]
         for i in (tid * 4..n).step_by(4 * THREADS) {
             let v = load_vec::<f32x4>(scores, i);
             let (b0, b1, b2, b3) = (v.x.to_bits(), v.y.to_bits(), v.z.to_bits(), v.w.to_bits());
@@ -148,30 +149,38 @@ pub fn qsa_top_blocks(
     }
 
     // Compaction in index order: keys above the prefix, and the first `wanted` equal to it.
-    // Per thread and per tile, the count above in the low 16 bits and the ties in the high 16
-    // (at most 4·THREADS ≤ 4096 each).
+    // Tiles of 16·THREADS scores, 16 consecutive ones a thread (four 16-byte loads in flight),
+    // so that few tiles pay for the block-wide scan. Per thread and per tile, the count above in
+    // the low 16 bits and the ties in the high 16 (at most 16·THREADS ≤ 16,384 each).
     let mut above_before = 0u32;
     let mut ties_before = 0u32;
-    for base in (0..n).step_by(4 * THREADS) {
-        let i = base + tid * 4;
-        let mut v = f32x4(0.0, 0.0, 0.0, 0.0);
-        if i < n {
-            v = load_vec::<f32x4>(scores, i);
+    for base in (0..n).step_by(16 * THREADS) {
+        let i0 = base + tid * 16;
+        let mut keys = [0u32; 16];
+        #[unroll]
+        for v in 0..4 {
+            let i = i0 + 4 * v;
+            let mut x = f32x4(0.0, 0.0, 0.0, 0.0);
+            if i < n {
+                x = load_vec::<f32x4>(scores, i);
+            }
+            let (b0, b1, b2, b3) = (x.x.to_bits(), x.y.to_bits(), x.z.to_bits(), x.w.to_bits());
+            keys[4 * v] = (b0 ^ (if b0 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
+            keys[4 * v + 1] = (b1 ^ (if b1 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
+            keys[4 * v + 2] = (b2 ^ (if b2 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
+            keys[4 * v + 3] = (b3 ^ (if b3 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
         }
-        let (b0, b1, b2, b3) = (v.x.to_bits(), v.y.to_bits(), v.z.to_bits(), v.w.to_bits());
-        let m0 = (b0 ^ (if b0 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
-        let m1 = (b1 ^ (if b1 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
-        let m2 = (b2 ^ (if b2 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
-        let m3 = (b3 ^ (if b3 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
-        let a0 = if i < n && m0 > prefix { 1u32 } else { 0u32 };
-        let a1 = if i + 1 < n && m1 > prefix { 1u32 } else { 0u32 };
-        let a2 = if i + 2 < n && m2 > prefix { 1u32 } else { 0u32 };
-        let a3 = if i + 3 < n && m3 > prefix { 1u32 } else { 0u32 };
-        let t0 = if i < n && m0 == prefix { 1u32 } else { 0u32 };
-        let t1 = if i + 1 < n && m1 == prefix { 1u32 } else { 0u32 };
-        let t2 = if i + 2 < n && m2 == prefix { 1u32 } else { 0u32 };
-        let t3 = if i + 3 < n && m3 == prefix { 1u32 } else { 0u32 };
-        let own = (a0 + a1 + a2 + a3) + ((t0 + t1 + t2 + t3) << 16);
+        let mut own = 0u32;
+        #[unroll]
+        for e in 0..16 {
+            if i0 + e < n {
+                if keys[e] > prefix {
+                    own += 1;
+                } else if keys[e] == prefix {
+                    own += 0x10000;
+                }
+            }
+        }
         let mut inclusive = own;
         let mut offset = 1u32;
         while offset < 32 {
@@ -194,38 +203,22 @@ pub fn qsa_top_blocks(
             tile_total += t;
         }
         let exclusive = inclusive - own;
-        // Element j's slot: the keys above before it, plus the ties before it that are taken.
+        // Element e's slot: the keys above before it, plus the ties before it that are taken.
         let mut a = above_before + (exclusive & 0xffff);
         let mut t = ties_before + (exclusive >> 16);
-        if a0 == 1 {
-            selected[a + min(t, wanted)] = i;
-        }
-        if t0 == 1 && t < wanted {
-            selected[a + t] = i;
-        }
-        a += a0;
-        t += t0;
-        if a1 == 1 {
-            selected[a + min(t, wanted)] = i + 1;
-        }
-        if t1 == 1 && t < wanted {
-            selected[a + t] = i + 1;
-        }
-        a += a1;
-        t += t1;
-        if a2 == 1 {
-            selected[a + min(t, wanted)] = i + 2;
-        }
-        if t2 == 1 && t < wanted {
-            selected[a + t] = i + 2;
-        }
-        a += a2;
-        t += t2;
-        if a3 == 1 {
-            selected[a + min(t, wanted)] = i + 3;
-        }
-        if t3 == 1 && t < wanted {
-            selected[a + t] = i + 3;
+        #[unroll]
+        for e in 0..16 {
+            if i0 + e < n {
+                if keys[e] > prefix {
+                    selected[a + min(t, wanted)] = i0 + e;
+                    a += 1;
+                } else if keys[e] == prefix {
+                    if t < wanted {
+                        selected[a + t] = i0 + e;
+                    }
+                    t += 1;
+                }
+            }
         }
         above_before += tile_total & 0xffff;
         ties_before += tile_total >> 16;
