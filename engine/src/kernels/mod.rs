@@ -6,6 +6,7 @@ pub mod gemv_bf16;
 pub mod mix;
 pub mod moe;
 pub mod ple;
+pub mod qsa;
 pub mod zc_rmsnorm;
 
 use kernel_dsl::AnyKernel;
@@ -30,4 +31,8 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &ple::gather_bf16::ple_gather_bf16::ERASED,
     &ple::gather_nvfp4::ple_gather_nvfp4::ERASED,
     &ple::gate_conv::ple_gate_conv::ERASED,
+    &qsa::block_scores::qsa_block_scores::ERASED,
+    &qsa::top_blocks::qsa_top_blocks::ERASED,
+    &qsa::attention::qsa_attention::ERASED,
+    &qsa::prepare::qsa_prepare::ERASED,
 ];

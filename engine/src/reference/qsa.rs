@@ -18,6 +18,22 @@ pub struct QsaState {
     pub block_keys: Vec<Vec<f32>>,
 }
 
+/// Each block's score: Σ_j ReLU(q_j · K̄_b) / √d_I over the index queries q_j (normed and rotated)
+/// and the blocks' pooled keys K̄_b, summed in f64.
+pub fn block_scores(index_q: &[Vec<f32>], block_keys: &[Vec<f32>]) -> Vec<f32> {
+    let di = index_q.first().map_or(0, Vec::len);
+    block_keys
+        .iter()
+        .map(|kb| {
+            let relu_sum: f64 = index_q
+                .iter()
+                .map(|q| q.iter().zip(kb).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>().max(0.0))
+                .sum();
+            (relu_sum / (di as f64).sqrt()) as f32
+        })
+        .collect()
+}
+
 /// The top `k` of `scores`, by score descending and then by lower index; returned ascending.
 pub fn top_blocks(scores: &[f32], k: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();
@@ -45,6 +61,46 @@ pub fn selection(cfg: &ModelConfig, pos: usize, block_scores: impl FnOnce() -> V
     tokens
 }
 
+/// Gated grouped-query attention of one token: for query head h (key/value head h / (Hq/Hkv)),
+/// softmax(q_h · k_t / √D) over `tokens`, times v_t, each output element times σ(gate). `q` and
+/// `gate` are [Hq·D] (q normed and rotated), `keys` and `values` per token [Hkv·D]. Sums in f64.
+pub fn gated_attention(
+    q: &[f32],
+    gate: &[f32],
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    tokens: &[usize],
+    hkv: usize,
+) -> Vec<f32> {
+    let dh = keys[tokens[0]].len() / hkv;
+    let hq = q.len() / dh;
+    let scale = 1.0 / (dh as f64).sqrt();
+    let mut o = Vec::with_capacity(hq * dh);
+    for h in 0..hq {
+        let qh = &q[h * dh..(h + 1) * dh];
+        let kvh = h / (hq / hkv);
+        let logits: Vec<f64> = tokens
+            .iter()
+            .map(|&t| {
+                qh.iter()
+                    .zip(&keys[t][kvh * dh..(kvh + 1) * dh])
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        for (i, &g) in gate[h * dh..(h + 1) * dh].iter().enumerate() {
+            let v: f64 =
+                tokens.iter().zip(&weights).map(|(&t, p)| p * f64::from(values[t][kvh * dh + i])).sum::<f64>() / total;
+            o.push(v as f32 * sigmoid(g));
+        }
+    }
+    o
+}
+
 pub fn qsa(x: &[f32], pos: usize, w: &QsaWeights, cfg: &ModelConfig, rope: &Rope, st: &mut QsaState) -> Vec<f32> {
     let eps = cfg.rms_norm_eps;
     let (hq, hkv, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -70,18 +126,7 @@ pub fn qsa(x: &[f32], pos: usize, w: &QsaWeights, cfg: &ModelConfig, rope: &Rope
         st.block_keys.push(key);
     }
     let block_keys = &st.block_keys;
-    let selected = selection(cfg, pos, || {
-        block_keys
-            .iter()
-            .map(|kb| {
-                let relu_sum: f64 = index_q
-                    .iter()
-                    .map(|q| q.iter().zip(kb).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>().max(0.0))
-                    .sum();
-                (relu_sum / (di as f64).sqrt()) as f32
-            })
-            .collect()
-    });
+    let selected = selection(cfg, pos, || block_scores(&index_q, block_keys));
 
     // Gated attention.
     let qg = w.q.apply(x);
@@ -95,34 +140,16 @@ pub fn qsa(x: &[f32], pos: usize, w: &QsaWeights, cfg: &ModelConfig, rope: &Rope
     st.keys.push(keys);
     st.values.push(w.v.apply(x));
 
-    let scale = 1.0 / (dh as f64).sqrt();
-    let mut o = Vec::with_capacity(hq * dh);
+    let mut q = Vec::with_capacity(hq * dh);
+    let mut gate = Vec::with_capacity(hq * dh);
     for h in 0..hq {
         let base = h * 2 * dh;
-        let mut q = zc_rms_norm_shared(&qg[base..base + dh], &w.q_norm, eps);
-        rope.apply(&mut q, pos);
-        let gate = &qg[base + dh..base + 2 * dh];
-        let kvh = h / (hq / hkv);
-        let logits: Vec<f64> = selected
-            .iter()
-            .map(|&t| {
-                q.iter()
-                    .zip(&st.keys[t][kvh * dh..(kvh + 1) * dh])
-                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                    .sum::<f64>()
-                    * scale
-            })
-            .collect();
-        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let weights: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
-        let total: f64 = weights.iter().sum();
-        for (i, &g) in gate.iter().enumerate() {
-            let v: f64 =
-                selected.iter().zip(&weights).map(|(&t, p)| p * f64::from(st.values[t][kvh * dh + i])).sum::<f64>()
-                    / total;
-            o.push(v as f32 * sigmoid(g));
-        }
+        let mut qh = zc_rms_norm_shared(&qg[base..base + dh], &w.q_norm, eps);
+        rope.apply(&mut qh, pos);
+        q.extend(qh);
+        gate.extend_from_slice(&qg[base + dh..base + 2 * dh]);
     }
+    let o = gated_attention(&q, &gate, &st.keys, &st.values, &selected, hkv);
     w.o.apply(&o)
 }
 

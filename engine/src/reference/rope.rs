@@ -18,6 +18,20 @@ impl Rope {
         2 * self.inv_freq.len()
     }
 
+    /// The cosines and sines of positions 0..`positions`, [positions, rotary_dim / 2, 2] (cos then
+    /// sin), computed as [`Rope::apply`] computes them: the table the device's RoPE reads.
+    pub fn table(&self, positions: usize) -> Vec<f32> {
+        let mut t = Vec::with_capacity(positions * self.inv_freq.len() * 2);
+        for pos in 0..positions {
+            for &f in &self.inv_freq {
+                let angle = f64::from(pos as f32 * f);
+                t.push(angle.cos() as f32);
+                t.push(angle.sin() as f32);
+            }
+        }
+        t
+    }
+
     /// Rotates `v`'s first `rotary_dim` values for position `pos`: pairs (i, i + rotary_dim/2);
     /// the rest of `v` is left as it is.
     pub fn apply(&self, v: &mut [f32], pos: usize) {
@@ -36,6 +50,20 @@ impl Rope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_rotates_as_apply_does() {
+        let rope = Rope::new(1e4, 8);
+        let t = rope.table(300);
+        let mut v: Vec<f32> = (0..10).map(|i| i as f32 - 3.5).collect();
+        let x = v.clone();
+        rope.apply(&mut v, 299);
+        for j in 0..4 {
+            let (cos, sin) = (t[(299 * 4 + j) * 2], t[(299 * 4 + j) * 2 + 1]);
+            assert_eq!(v[j], x[j] * cos - x[j + 4] * sin);
+            assert_eq!(v[j + 4], x[j + 4] * cos + x[j] * sin);
+        }
+    }
 
     #[test]
     fn rotates_pairs_a_half_apart_and_leaves_the_rest() {

@@ -1,0 +1,346 @@
+//! The QSA indexer's device kernels on the GPU, each in a CUDA graph of many launches:
+//!
+//! - the top-k over 65,536 block scores (a 262k-token context), budget 512 blocks, on scores
+//!   of every magnitude (as ReLU sums are), on scores of 64 levels (many ties), and all zero
+//!   (the worst case of the shared histogram: every key in one bin);
+//! - the block scores (4 index heads of 128 dims against every pooled key, f32) at 32k and 128k
+//!   tokens of context, against the bytes they must read (the pooled keys and the queries), with
+//!   the keys of several layers rotated through more memory than the L2 holds;
+//! - both chained, as a layer runs them;
+//! - the gated attention (24 query heads on 2 key/value heads of 256, bf16 caches) through a
+//!   full selection (512 blocks spread over the context, plus a tail of 3 tokens) at 32k and
+//!   128k tokens, against the K/V rows it must read, the caches of 12 layers in device memory.
+//!
+//! benches/qsa_torch.py times torch.topk and the scores in PyTorch the same way.
+//! Lines go to stdout and to $OUT/bench-qsa.jsonl (or target/bench-qsa.jsonl).
+
+use std::io::Write;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::{DeviceBuffer, Gpu, Graph};
+use engine::kernels::qsa::attention::qsa_attention;
+use engine::kernels::qsa::block_scores::qsa_block_scores;
+use engine::kernels::qsa::top_blocks::qsa_top_blocks;
+use flashnext::rng::Rng;
+use kernel_dsl::TileSet;
+
+const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
+/// GB10's LPDDR5X as the projections take it.
+const GB10_BYTES_PER_S: f64 = 230e9;
+const BLOCKS: usize = 65_536;
+const TOP: usize = 512;
+const HEADS: usize = 4;
+const DIM: usize = 128;
+const BLOCK_TOKENS: usize = 4;
+/// Launches per graph.
+const LAUNCHES: usize = 48;
+
+/// Draws one score.
+type Draw = Box<dyn Fn(&mut Rng) -> f32>;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Median, p10 and p90 of one launch of the graph's `per_graph`, over `samples` replays.
+fn replay_times(gpu: &Gpu, g: &Graph, per_graph: usize, samples: usize) -> (f64, f64, f64) {
+    let t = EventTimer::new(gpu).expect("events");
+    g.launch().expect("warm-up replay");
+    let mut v: Vec<f64> = (0..samples)
+        .map(|_| {
+            t.start(gpu).expect("start");
+            g.launch().expect("replay");
+            t.stop(gpu).expect("stop").as_secs_f64() / per_graph as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
+}
+
+struct Sink {
+    jsonl: Option<std::fs::File>,
+    device: String,
+}
+
+impl Sink {
+    fn record(&mut self, what: &str, t: (f64, f64, f64), bytes: usize, copy_bw: f64) {
+        let (median, p10, p90) = t;
+        let rate = bytes as f64 / median;
+        println!(
+            "qsa {what}: {:.2} us (p10 {:.2}, p90 {:.2}), {:.2} MB read, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; H200 floor {:.2} us, GB10 floor {:.2} us",
+            median * 1e6,
+            p10 * 1e6,
+            p90 * 1e6,
+            bytes as f64 / 1e6,
+            rate / 1e9,
+            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
+            100.0 * rate / copy_bw,
+            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
+            bytes as f64 / GB10_BYTES_PER_S * 1e6,
+        );
+        if let Some(f) = self.jsonl.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"bench\":\"qsa\",\"what\":\"{what}\",\"device\":\"{}\",\"us\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"copy_bw\":{copy_bw:.0}}}",
+                self.device,
+                median * 1e6,
+                p10 * 1e6,
+                p90 * 1e6
+            );
+        }
+    }
+}
+
+fn bench_qsa(c: &mut Criterion) {
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("qsa bench skipped: {e}");
+            return;
+        }
+    };
+    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
+    let device = gpu.info().name.clone();
+    println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-qsa.jsonl")).ok();
+    let mut sink = Sink { jsonl, device };
+    let mut rng = Rng::fresh("qsa bench");
+    let profile = std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some();
+
+    // The top-k: LAUNCHES launches, each on its own scores (256 KB each: the set stays in L2, as
+    // the scores the kernel before has just written do).
+    let distributions: [(&str, Draw); 3] = [
+        ("continuous", Box::new(|r: &mut Rng| r.uniform() * 2f32.powi((r.next_u64() % 16) as i32 - 8))),
+        ("64 levels", Box::new(|r: &mut Rng| (r.next_u64() % 64) as f32 * 0.125)),
+        ("all zero", Box::new(|_: &mut Rng| 0.0)),
+    ];
+    let d_n = gpu.upload(&[BLOCKS as u32]).expect("n");
+    let mut selected: Vec<DeviceBuffer<u32>> = (0..LAUNCHES).map(|_| gpu.alloc(TOP).expect("selected")).collect();
+    let mut count: Vec<DeviceBuffer<u32>> = (0..LAUNCHES).map(|_| gpu.alloc(1).expect("count")).collect();
+    for tiles in qsa_top_blocks::Tiles::candidates() {
+        let k = gpu.kernel::<qsa_top_blocks::Kernel>(tiles).expect("compile");
+        for (label, draw) in &distributions {
+            if tiles != TileSet::DEFAULT && *label != "continuous" {
+                continue;
+            }
+            let scores: Vec<DeviceBuffer<f32>> = (0..LAUNCHES)
+                .map(|_| gpu.upload(&(0..BLOCKS).map(|_| draw(&mut rng)).collect::<Vec<f32>>()).expect("scores"))
+                .collect();
+            let args: Vec<qsa_top_blocks::Args> = (0..LAUNCHES)
+                .map(|i| qsa_top_blocks::Args {
+                    scores: scores[i].ptr(),
+                    n_blocks: d_n.ptr(),
+                    selected: selected[i].ptr_mut(),
+                    count: count[i].ptr_mut(),
+                    capacity: BLOCKS as u32,
+                    top: TOP as u32,
+                })
+                .collect();
+            let g = gpu
+                .capture(|| {
+                    for a in &args {
+                        // SAFETY: scores hold BLOCKS values, selected TOP, count and n one; all
+                        // live until the graph is dropped below.
+                        unsafe { k.launch(&gpu, a) }?;
+                    }
+                    Ok(())
+                })
+                .expect("capture");
+            if profile {
+                g.launch().expect("replay");
+                gpu.synchronize().expect("sync");
+                continue;
+            }
+            let t = replay_times(&gpu, &g, LAUNCHES, 50);
+            sink.record(&format!("top-k of {BLOCKS} scores, {TOP} kept, {label}, {tiles:?}"), t, BLOCKS * 4, copy_bw);
+        }
+    }
+
+    // The block scores, and the scores then the top-k, at 32k and 128k tokens of context.
+    let q_host: Vec<f32> = (0..HEADS * DIM).map(|_| rng.normal()).collect();
+    let ks = gpu.kernel::<qsa_block_scores::Kernel>(TileSet::DEFAULT).expect("compile");
+    let kt = gpu.kernel::<qsa_top_blocks::Kernel>(TileSet::DEFAULT).expect("compile");
+    for context in [32_768usize, 131_072] {
+        let n = context / BLOCK_TOKENS;
+        let key_bytes = n * DIM * 4;
+        // Enough layers' keys to pass 2 × the 60 MB L2, at least 12 (the model's QSA layers).
+        let layers = (120_000_000 / key_bytes).max(12);
+        let host_keys: Vec<f32> = (0..n * DIM).map(|_| rng.normal()).collect();
+        let keys: Vec<DeviceBuffer<f32>> = (0..layers).map(|_| gpu.upload(&host_keys).expect("keys")).collect();
+        let qs: Vec<DeviceBuffer<f32>> = (0..layers).map(|_| gpu.upload(&q_host).expect("q")).collect();
+        let pos = gpu.upload(&[(context - 1) as u32]).expect("position");
+        let mut scores: Vec<DeviceBuffer<f32>> = (0..layers).map(|_| gpu.alloc(n).expect("scores")).collect();
+        let mut n_blocks: Vec<DeviceBuffer<u32>> = (0..layers).map(|_| gpu.alloc(1).expect("n")).collect();
+        let mut sel: Vec<DeviceBuffer<u32>> = (0..layers).map(|_| gpu.alloc(TOP).expect("selected")).collect();
+        let mut cnt: Vec<DeviceBuffer<u32>> = (0..layers).map(|_| gpu.alloc(1).expect("count")).collect();
+        let score_args: Vec<qsa_block_scores::Args> = (0..layers)
+            .map(|l| qsa_block_scores::Args {
+                index_q: qs[l].ptr(),
+                block_keys: keys[l].ptr(),
+                position: pos.ptr(),
+                scores: scores[l].ptr_mut(),
+                n_blocks: n_blocks[l].ptr_mut(),
+                heads: HEADS as u32,
+                dim: DIM as u32,
+                block_tokens: BLOCK_TOKENS as u32,
+                capacity: n as u32,
+            })
+            .collect();
+        let top_args: Vec<qsa_top_blocks::Args> = (0..layers)
+            .map(|l| qsa_top_blocks::Args {
+                scores: scores[l].ptr(),
+                n_blocks: n_blocks[l].ptr(),
+                selected: sel[l].ptr_mut(),
+                count: cnt[l].ptr_mut(),
+                capacity: n as u32,
+                top: TOP as u32,
+            })
+            .collect();
+        for chained in [false, true] {
+            let g = gpu
+                .capture(|| {
+                    for l in 0..layers {
+                        // SAFETY: each layer's buffers hold what the kernels index for n blocks
+                        // (keys n·DIM, q HEADS·DIM, scores n, selection TOP) and outlive the graph.
+                        unsafe {
+                            ks.launch(&gpu, &score_args[l])?;
+                            if chained {
+                                kt.launch(&gpu, &top_args[l])?;
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+                .expect("capture");
+            if profile {
+                g.launch().expect("replay");
+                gpu.synchronize().expect("sync");
+                continue;
+            }
+            let t = replay_times(&gpu, &g, layers, 30);
+            let bytes = key_bytes + HEADS * DIM * 4;
+            let what = if chained { "block scores + top-k" } else { "block scores" };
+            sink.record(
+                &format!("{what} at {}k tokens ({n} blocks, {layers} layers)", context / 1024),
+                t,
+                bytes,
+                copy_bw,
+            );
+        }
+    }
+
+    // The attention through a full selection, 12 layers' caches (zero-filled: the values do not
+    // change the work), each layer's selection spread at random over its context.
+    let (q_heads, kv_heads, head_dim) = (24usize, 2usize, 256usize);
+    let ka = gpu.kernel::<qsa_attention::Kernel>(TileSet::DEFAULT).expect("compile");
+    let splits_max = (TOP * BLOCK_TOKENS + BLOCK_TOKENS).div_ceil(16);
+    for context in [32_768usize, 131_072] {
+        let layers = 12;
+        let n = context / BLOCK_TOKENS;
+        let tail = 3;
+        let position = n * BLOCK_TOKENS + tail - 1;
+        let caches: Vec<(DeviceBuffer<half::bf16>, DeviceBuffer<half::bf16>)> = (0..layers)
+            .map(|_| {
+                let len = (position + 1) * kv_heads * head_dim;
+                (gpu.alloc(len).expect("k cache"), gpu.alloc(len).expect("v cache"))
+            })
+            .collect();
+        let selections: Vec<DeviceBuffer<u32>> = (0..layers)
+            .map(|_| {
+                let mut blocks: Vec<u32> = Vec::with_capacity(TOP);
+                while blocks.len() < TOP {
+                    let b = (rng.next_u64() % n as u64) as u32;
+                    if !blocks.contains(&b) {
+                        blocks.push(b);
+                    }
+                }
+                blocks.sort_unstable();
+                gpu.upload(&blocks).expect("selection")
+            })
+            .collect();
+        let count = gpu.upload(&[TOP as u32]).expect("count");
+        let pos = gpu.upload(&[position as u32]).expect("position");
+        let q = gpu.upload(&(0..q_heads * head_dim).map(|_| rng.normal()).collect::<Vec<f32>>()).expect("q");
+        let gate = gpu.upload(&(0..q_heads * head_dim).map(|_| rng.normal()).collect::<Vec<f32>>()).expect("gate");
+        let mut acc: Vec<DeviceBuffer<f32>> =
+            (0..layers).map(|_| gpu.alloc(q_heads * splits_max * head_dim).expect("partials")).collect();
+        let mut ml: Vec<DeviceBuffer<f32>> =
+            (0..layers).map(|_| gpu.alloc(q_heads * splits_max * 2).expect("partials")).collect();
+        let mut counters: Vec<DeviceBuffer<u32>> =
+            (0..layers).map(|_| gpu.alloc(kv_heads).expect("counters")).collect();
+        let mut o: Vec<DeviceBuffer<half::bf16>> =
+            (0..layers).map(|_| gpu.alloc(q_heads * head_dim).expect("o")).collect();
+        let args: Vec<qsa_attention::Args> = (0..layers)
+            .map(|l| qsa_attention::Args {
+                q: q.ptr(),
+                gate: gate.ptr(),
+                k_cache: caches[l].0.ptr(),
+                v_cache: caches[l].1.ptr(),
+                selected: selections[l].ptr(),
+                count: count.ptr(),
+                position: pos.ptr(),
+                partial_acc: acc[l].ptr_mut(),
+                partial_ml: ml[l].ptr_mut(),
+                counters: counters[l].ptr_mut(),
+                o: o[l].ptr_mut(),
+                q_heads: q_heads as u32,
+                kv_heads: kv_heads as u32,
+                head_dim: head_dim as u32,
+                block_tokens: BLOCK_TOKENS as u32,
+                top: TOP as u32,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            })
+            .collect();
+        let g = gpu
+            .capture(|| {
+                for a in &args {
+                    // SAFETY: each layer's caches hold position + 1 tokens, its selection TOP
+                    // blocks below n, its partials the most splits; all outlive the graph.
+                    unsafe { ka.launch(&gpu, a) }?;
+                }
+                Ok(())
+            })
+            .expect("capture");
+        if profile {
+            g.launch().expect("replay");
+            gpu.synchronize().expect("sync");
+            continue;
+        }
+        let t = replay_times(&gpu, &g, layers, 30);
+        let tokens = TOP * BLOCK_TOKENS + tail;
+        let bytes = 2 * tokens * kv_heads * head_dim * 2 + 2 * q_heads * head_dim * 4 + TOP * 4;
+        sink.record(&format!("attention at {}k tokens ({tokens} attended)", context / 1024), t, bytes, copy_bw);
+    }
+
+    // A criterion line for the headline: the top-k of 65,536 continuous scores.
+    let k = gpu.kernel::<qsa_top_blocks::Kernel>(TileSet::DEFAULT).expect("compile");
+    let scores = gpu.upload(&(0..BLOCKS).map(|_| rng.uniform()).collect::<Vec<f32>>()).expect("scores");
+    let args = qsa_top_blocks::Args {
+        scores: scores.ptr(),
+        n_blocks: d_n.ptr(),
+        selected: selected[0].ptr_mut(),
+        count: count[0].ptr_mut(),
+        capacity: BLOCKS as u32,
+        top: TOP as u32,
+    };
+    let mut group = c.benchmark_group("qsa");
+    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    group.bench_function("top-k/65536", |b| {
+        let t = EventTimer::new(&gpu).expect("events");
+        b.iter_custom(|iters| {
+            t.start(&gpu).expect("start");
+            for _ in 0..iters {
+                // SAFETY: as above; the buffers live to the end of this function.
+                unsafe { k.launch(&gpu, &args) }.expect("launch");
+            }
+            t.stop(&gpu).expect("stop")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_qsa);
+criterion_main!(benches);

@@ -1,0 +1,89 @@
+//! The QSA indexer's block scores: every complete block's pooled key against the index queries.
+
+use kernel_macros::kernel;
+
+/// score[b] = Σ_j ReLU(q_j · K̄_b) / √dim for every complete block b < n, where
+/// n = min((position[0] + 1) / block_tokens, capacity) is read from device memory (so one graph
+/// serves every context length) and written to `n_blocks[0]` for the top-k that follows.
+///
+/// `index_q` [heads, dim] holds the index queries after their norm and RoPE, `block_keys`
+/// [capacity, dim] the pooled keys, both f32 (the scores decide the selection: keeping them in
+/// f32 keeps the selection the reference's). Scores past n are not written.
+///
+/// Each block stages the queries in shared memory; then LANES consecutive lanes take one block
+/// key, each lane 16-byte loads of every (4·LANES)-th group of 4 dimensions, with a partial dot
+/// product per head in registers (heads ≤ 8, the loop over them unrolled). The partials are
+/// summed over the LANES lanes with xor shuffles in a fixed order: deterministic.
+#[kernel(
+    block = 32 * WARPS,
+    grid = div_ceil(capacity, WARPS * 32 / LANES),
+    require(
+        heads >= 1,
+        heads <= 8,
+        heads * dim <= 1024,
+        dim % (4 * LANES) == 0,
+        capacity >= 1,
+        block_tokens >= 1,
+    ),
+)]
+pub fn qsa_block_scores(
+    #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
+    #[tile(default = 8, candidates = [4, 8, 16, 32])] LANES: u32,
+    index_q: &[f32],
+    block_keys: &[f32],
+    position: &[u32],
+    scores: &mut [f32],
+    n_blocks: &mut [u32],
+    heads: u32,
+    dim: u32,
+    block_tokens: u32,
+    capacity: u32,
+) {
+    let q = shared::<f32, 1024>();
+    let n = min((position[0] + 1) / block_tokens, capacity);
+    if block_idx() == 0 && thread_idx() == 0 {
+        n_blocks[0] = n;
+    }
+    let keys_per_block = WARPS * 32 / LANES;
+    // Whole blocks past the last complete block have nothing to do (no barrier follows).
+    if block_idx() * keys_per_block >= n {
+        return;
+    }
+    for i in (thread_idx()..heads * dim).step_by(32 * WARPS) {
+        q[i] = index_q[i];
+    }
+    sync_threads();
+
+    let key = block_idx() * keys_per_block + thread_idx() / LANES;
+    let sub = thread_idx() % LANES;
+    // Lanes of a key past n still shuffle with their group; they read a valid key (block 0's
+    // first) and their result is dropped.
+    let row = if key < n { key } else { 0 };
+    let mut acc = [0.0; 8];
+    for c in (sub * 4..dim).step_by(4 * LANES) {
+        let k = load_vec::<f32x4>(block_keys, row * dim + c);
+        #[unroll]
+        for j in 0..8 {
+            if j < heads {
+                let qv = load_vec::<f32x4>(q, j * dim + c);
+                acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
+            }
+        }
+    }
+    let mut total = 0.0;
+    #[unroll]
+    for j in 0..8 {
+        let mut d = acc[j];
+        let mut offset = LANES / 2;
+        while offset > 0 {
+            d += shfl_xor(d, offset);
+            offset = offset >> 1;
+        }
+        if j < heads {
+            total += max(d, 0.0);
+        }
+    }
+    if sub == 0 && key < n {
+        scores[key] = total / sqrt(dim as f32);
+    }
+}
