@@ -62,29 +62,17 @@ __device__ __forceinline__ uint2 ld_stream_u32x2(const void* p) {
     return r;
 }
 
-// Programmatic dependent launch: wait until the grids this one overlaps have finished and
-// their writes are visible; let the next grid start (its blocks wait in turn).
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-// A bulk copy engine prefetch into L2 (no registers held, nothing waited for).
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-
-// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
-// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) mix_up_nvfp4(
-    bf16* residual,
-    const bf16* y,
-    const float* gains_prev,
-    const bf16* norm,
-    const fp4x2_e2m1* packed,
-    const fp8_e4m3* scales,
-    const float* scale2,
-    const float* u,
-    const float* scale,
-    bf16* x,
+    bf16* __restrict__ residual,
+    const bf16* __restrict__ y,
+    const float* __restrict__ gains_prev,
+    const bf16* __restrict__ norm,
+    const fp4x2_e2m1* __restrict__ packed,
+    const fp8_e4m3* __restrict__ scales,
+    const float* __restrict__ scale2,
+    const float* __restrict__ u,
+    const float* __restrict__ scale,
+    bf16* __restrict__ x,
     const unsigned n,
     const unsigned d,
     const unsigned rank,
@@ -96,11 +84,6 @@ extern "C" __global__ void __launch_bounds__(128) mix_up_nvfp4(
     const unsigned s = group % n;
     const unsigned row = s * d + j;
     const bool active = j < d;
-    if (lane == 0u && active) {
-        prefetch_l2(packed + row * rank / 2u, rank / 2u);
-    }
-    grid_dependency_wait();
-    launch_dependents();
     float stream_value = 0.0f;
     float norm_scale = 0.0f;
     if (active) {

@@ -56,30 +56,18 @@ __device__ __forceinline__ uint4 ld_stream_u32x4(const void* p) {
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
 
-// Programmatic dependent launch: wait until the grids this one overlaps have finished and
-// their writes are visible; let the next grid start (its blocks wait in turn).
-__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-// A bulk copy engine prefetch into L2 (no registers held, nothing waited for).
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-}
-
-// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
-// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) mix_down_bf16(
-    const bf16* residual,
-    const bf16* y,
-    const float* gains_prev,
-    const bf16* norm,
-    const bf16* proj,
-    float* partial,
-    float* sum_sq,
-    unsigned* counter,
-    float* u,
-    float* gains,
-    float* scale,
+    const bf16* __restrict__ residual,
+    const bf16* __restrict__ y,
+    const float* __restrict__ gains_prev,
+    const bf16* __restrict__ norm,
+    const bf16* __restrict__ proj,
+    float* __restrict__ partial,
+    float* __restrict__ sum_sq,
+    unsigned* __restrict__ counter,
+    float* __restrict__ u,
+    float* __restrict__ gains,
+    float* __restrict__ scale,
     const unsigned n,
     const unsigned d,
     const unsigned rank,
@@ -93,17 +81,9 @@ extern "C" __global__ void __launch_bounds__(128) mix_down_bf16(
     const unsigned k_len = cols / 16u;
     const unsigned k_begin = split * k_len;
     const unsigned stream = k_begin / d;
+    const float omega = post ? gains_prev[stream] : 0.0f;
     const unsigned row0 = (blockIdx.x * 4u + (threadIdx.x >> 5)) * 4u;
     const bool active = row0 < rows;
-    if ((threadIdx.x & 31u) == 0u && active) {
-        #pragma unroll
-        for (unsigned r = 0u; r < 4u; ++r) {
-            prefetch_l2(proj + ((row0 + r) * cols + k_begin), k_len * 2u);
-        }
-    }
-    grid_dependency_wait();
-    launch_dependents();
-    const float omega = post ? gains_prev[stream] : 0.0f;
     float acc[4] = {};
     float sq = 0.0f;
     const unsigned end = k_begin + k_len;

@@ -8,10 +8,6 @@
 //! factor of each stream's part of a dot product, so launch 1 sums `W·(X ⊙ (1 + w))` per stream
 //! slice and applies the scale once, in the reduction: no block needs a whole stream.
 //!
-//! Both launches overlap their predecessor (programmatic dependent launch): before
-//! `grid_dependency_wait()` they only ask L2 for their weights, so the weight stream of a site
-//! starts while the kernel before it still runs.
-//!
 //! The residual streams are bf16, as the reference model stores them: the write is
 //! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
 //! thread that reads X, and stored once, by the launch-2 lane that owns the element.
@@ -72,20 +68,10 @@ pub fn mix_down_bf16(
     let k_len = cols / K_SPLIT;
     let k_begin = split * k_len;
     let stream = k_begin / d;
+    let omega = if post { gains_prev[stream] } else { 0.0 };
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
     // Whole warps past the last row still take part in the block's barriers below.
     let active = row0 < rows;
-    // Overlapped launch: while the previous kernel runs, ask L2 for this warp's weight slices
-    // (they depend on nothing); everything the previous kernels wrote is read after the wait.
-    if lane_id() == 0 && active {
-        #[unroll]
-        for r in 0..ROWS {
-            prefetch_l2(proj, (row0 + r) * cols + k_begin, k_len * 2);
-        }
-    }
-    grid_dependency_wait();
-    launch_dependents();
-    let omega = if post { gains_prev[stream] } else { 0.0 };
 
     let mut acc = [0.0; ROWS];
     let mut sq = 0.0;
@@ -249,12 +235,6 @@ pub fn mix_up_bf16(
     let s = group % n;
     let row = s * d + j;
     let active = j < d;
-    // Overlapped launch: the group's W_up row into L2 while the previous kernel runs.
-    if lane == 0 && active {
-        prefetch_l2(up, row * rank, rank * 2);
-    }
-    grid_dependency_wait();
-    launch_dependents();
 
     // The epilogue's inputs first, so that their loads overlap the weights'.
     let mut stream_value = 0.0;
@@ -346,8 +326,7 @@ pub fn mix_up_bf16(
     grid = (div_ceil(rank + inject, WARPS * ROWS), K_SPLIT),
     require(
         K_SPLIT % n == 0,
-        // Whole 32-value (16-byte) pieces per split, as the L2 prefetch of the codes needs.
-        (n * d) % (K_SPLIT * 32) == 0,
+        (n * d) % (K_SPLIT * 16) == 0,
         32 * WARPS >= K_SPLIT,
         rank % ROWS == 0,
         inject % ROWS == 0,
@@ -384,19 +363,9 @@ pub fn mix_down_nvfp4(
     let k_len = cols / K_SPLIT;
     let k_begin = split * k_len;
     let stream = k_begin / d;
+    let omega = if post { gains_prev[stream] } else { 0.0 };
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
     let active = row0 < rows;
-    // Overlapped launch: while the previous kernel runs, ask L2 for this warp's codes (the block
-    // scales, an eighth of the bytes, are not 16-byte aligned slices); the rest after the wait.
-    if lane_id() == 0 && active {
-        #[unroll]
-        for r in 0..ROWS {
-            prefetch_l2(packed, ((row0 + r) * cols + k_begin) / 2, k_len / 2);
-        }
-    }
-    grid_dependency_wait();
-    launch_dependents();
-    let omega = if post { gains_prev[stream] } else { 0.0 };
 
     let mut acc = [0.0; ROWS];
     let mut sq = 0.0;
@@ -576,12 +545,6 @@ pub fn mix_up_nvfp4(
     let s = group % n;
     let row = s * d + j;
     let active = j < d;
-    // Overlapped launch: the group's row of codes into L2 while the previous kernel runs.
-    if lane == 0 && active {
-        prefetch_l2(packed, row * rank / 2, rank / 2);
-    }
-    grid_dependency_wait();
-    launch_dependents();
 
     let mut stream_value = 0.0;
     let mut norm_scale = 0.0;
