@@ -30,6 +30,7 @@ use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice,
     InProjOnDevice, Stage,
 };
+use flashnext::bench::replay_times;
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -115,25 +116,6 @@ fn layer_weights(
     fill_bf16(gpu, fk, &mut w.conv, seed + 1);
     fill_bf16(gpu, fk, &mut w.out_proj, seed + 2);
     w
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Median, p10 and p90 of one replay of `g`, over `samples` replays.
-fn replay_times(gpu: &Gpu, g: &Graph, samples: usize) -> (f64, f64, f64) {
-    let t = EventTimer::new(gpu).expect("events");
-    g.launch().expect("warm-up replay");
-    let mut v: Vec<f64> = (0..samples)
-        .map(|_| {
-            t.start(gpu).expect("start");
-            g.launch().expect("replay");
-            t.stop(gpu).expect("stop").as_secs_f64()
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
 }
 
 /// What one timed graph measured, per layer.

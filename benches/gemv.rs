@@ -13,6 +13,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::gemv_bf16::gemv_bf16;
+use flashnext::bench::percentile;
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::TileSet;
@@ -105,10 +106,6 @@ fn graph(gpu: &Gpu, b: &mut Buffers, tiles: gemv_bf16::Tiles, rows: usize, cols:
         Ok(())
     })
     .expect("capture")
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn bench_gemv(c: &mut Criterion) {

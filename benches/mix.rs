@@ -17,6 +17,7 @@ use engine::kernels::mix::{mix_down_bf16, mix_down_nvfp4, mix_up_bf16, mix_up_nv
 use engine::layers::mix::{
     MixIo, MixKernels, MixLaunches, MixMatrices, MixScratch, MixShape, MixTiles, MixWeightsOnDevice, Stage,
 };
+use flashnext::bench::replay_times;
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -88,25 +89,6 @@ fn site_weights(
         MixMatrices::Bf16 { proj, up }
     };
     MixWeightsOnDevice { shape: SHAPE, norm: gpu.upload(&rng.bf16_normal(w, 0.2)).expect("norm"), matrices }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Median, p10 and p90 of one replay of `g`, over `samples` replays.
-fn replay_times(gpu: &Gpu, g: &Graph, samples: usize) -> (f64, f64, f64) {
-    let t = EventTimer::new(gpu).expect("events");
-    g.launch().expect("warm-up replay");
-    let mut v: Vec<f64> = (0..samples)
-        .map(|_| {
-            t.start(gpu).expect("start");
-            g.launch().expect("replay");
-            t.stop(gpu).expect("stop").as_secs_f64()
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
 }
 
 /// A graph of the 48 sites' launches of `stages`, and how many launches it holds.

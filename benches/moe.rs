@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
-use engine::cuda::{DeviceBuffer, Gpu, Graph};
+use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::moe::{
     ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice, Stage,
 };
+use flashnext::bench::replay_times;
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -107,25 +108,6 @@ fn bf16_layer(
         shared_gate: gpu.upload(&rng.bf16_normal(d, 1.0 / (d as f32).sqrt())).expect("shared gate"),
         experts: ExpertsOnDevice::Bf16 { gate_up, down },
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Median, p10 and p90 of one replay of `g`, over `samples` replays.
-fn replay_times(gpu: &Gpu, g: &Graph, samples: usize) -> (f64, f64, f64) {
-    let t = EventTimer::new(gpu).expect("events");
-    g.launch().expect("warm-up replay");
-    let mut v: Vec<f64> = (0..samples)
-        .map(|_| {
-            t.start(gpu).expect("start");
-            g.launch().expect("replay");
-            t.stop(gpu).expect("stop").as_secs_f64()
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
 }
 
 fn bench_moe(c: &mut Criterion) {

@@ -30,7 +30,6 @@
 
 use std::io::Write;
 
-use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel, MappedHostBuffer, SideStream};
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
@@ -65,26 +64,10 @@ fn config(prime_base: u64) -> ModelConfig {
     c
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Median, p10, p90 of one replay of `g` divided by `steps`; `before` runs before each replay,
 /// outside the timed events.
-fn replay_times(gpu: &Gpu, g: &Graph, steps: usize, mut before: impl FnMut()) -> (f64, f64, f64) {
-    let t = EventTimer::new(gpu).expect("events");
-    before();
-    g.launch().expect("warm-up replay");
-    let mut v: Vec<f64> = (0..REPLAYS)
-        .map(|_| {
-            before();
-            t.start(gpu).expect("start");
-            g.launch().expect("replay");
-            t.stop(gpu).expect("stop").as_secs_f64() / steps as f64
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
+fn replay_times(gpu: &Gpu, g: &Graph, steps: usize, before: impl FnMut()) -> (f64, f64, f64) {
+    flashnext::bench::replay_times_with(gpu, g, REPLAYS, steps, before)
 }
 
 struct Sink {

@@ -40,23 +40,9 @@ const LAUNCHES: usize = 48;
 /// Draws one score.
 type Draw = Box<dyn Fn(&mut Rng) -> f32>;
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Median, p10 and p90 of one launch of the graph's `per_graph`, over `samples` replays.
 fn replay_times(gpu: &Gpu, g: &Graph, per_graph: usize, samples: usize) -> (f64, f64, f64) {
-    let t = EventTimer::new(gpu).expect("events");
-    g.launch().expect("warm-up replay");
-    let mut v: Vec<f64> = (0..samples)
-        .map(|_| {
-            t.start(gpu).expect("start");
-            g.launch().expect("replay");
-            t.stop(gpu).expect("stop").as_secs_f64() / per_graph as f64
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
+    flashnext::bench::replay_times_with(gpu, g, samples, per_graph, || {})
 }
 
 struct Sink {

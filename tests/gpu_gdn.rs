@@ -9,6 +9,7 @@
 //! same bits. Fresh random inputs each run.
 
 use engine::cuda::Gpu;
+use engine::kernels::gdn::state_update::gdn_state_update;
 use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, enqueue,
 };
@@ -16,7 +17,6 @@ use engine::model::config::ModelConfig;
 use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{GdnWeights, Linear};
 use engine::reference;
-use engine::kernels::gdn::state_update::gdn_state_update;
 use engine::reference::gdn::GdnState;
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
