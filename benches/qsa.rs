@@ -221,7 +221,10 @@ fn bench_qsa(c: &mut Criterion) {
     // The attention through a full selection, 12 layers' caches (zero-filled: the values do not
     // change the work), each layer's selection spread at random over its context.
     let (q_heads, kv_heads, head_dim) = (24usize, 2usize, 256usize);
-    let ka = gpu.kernel::<qsa_attention::Kernel>(TileSet::DEFAULT).expect("compile");
+    // Every chunk size at 32k (the default first), the default at 128k.
+    let attention_tiles: Vec<qsa_attention::Tiles> = std::iter::once(TileSet::DEFAULT)
+        .chain(qsa_attention::Tiles::candidates().into_iter().filter(|t| *t != TileSet::DEFAULT))
+        .collect();
     let splits_max = (TOP * BLOCK_TOKENS + BLOCK_TOKENS).div_ceil(16);
     for context in [32_768usize, 131_072] {
         let layers = 12;
@@ -280,25 +283,35 @@ fn bench_qsa(c: &mut Criterion) {
                 scale: 1.0 / (head_dim as f32).sqrt(),
             })
             .collect();
-        let g = gpu
-            .capture(|| {
-                for a in &args {
-                    // SAFETY: each layer's caches hold position + 1 tokens, its selection TOP
-                    // blocks below n, its partials the most splits; all outlive the graph.
-                    unsafe { ka.launch(&gpu, a) }?;
-                }
-                Ok(())
-            })
-            .expect("capture");
-        if profile {
-            g.launch().expect("replay");
-            gpu.synchronize().expect("sync");
-            continue;
+        for (i, tiles) in attention_tiles.iter().enumerate() {
+            if i > 0 && context != 32_768 {
+                break;
+            }
+            if <qsa_attention::Kernel as kernel_dsl::KernelDef>::launch_dims(tiles, &args[0]).is_err() {
+                continue;
+            }
+            let ka = gpu.kernel::<qsa_attention::Kernel>(*tiles).expect("compile");
+            let g = gpu
+                .capture(|| {
+                    for a in &args {
+                        // SAFETY: each layer's caches hold position + 1 tokens, its selection TOP
+                        // blocks below n, its partials the most splits; all outlive the graph.
+                        unsafe { ka.launch(&gpu, a) }?;
+                    }
+                    Ok(())
+                })
+                .expect("capture");
+            if profile {
+                g.launch().expect("replay");
+                gpu.synchronize().expect("sync");
+                continue;
+            }
+            let t = replay_times(&gpu, &g, layers, 30);
+            let tokens = TOP * BLOCK_TOKENS + tail;
+            let bytes = 2 * tokens * kv_heads * head_dim * 2 + 2 * q_heads * head_dim * 4 + TOP * 4;
+            let label = format!("attention at {}k tokens ({tokens} attended), {tiles:?}", context / 1024);
+            sink.record(&label, t, bytes, copy_bw);
         }
-        let t = replay_times(&gpu, &g, layers, 30);
-        let tokens = TOP * BLOCK_TOKENS + tail;
-        let bytes = 2 * tokens * kv_heads * head_dim * 2 + 2 * q_heads * head_dim * 4 + TOP * 4;
-        sink.record(&format!("attention at {}k tokens ({tokens} attended)", context / 1024), t, bytes, copy_bw);
     }
 
     // A criterion line for the headline: the top-k of 65,536 continuous scores.
