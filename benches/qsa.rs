@@ -7,9 +7,10 @@
 //!   tokens of context, against the bytes they must read (the pooled keys and the queries), with
 //!   the keys of several layers rotated through more memory than the L2 holds;
 //! - both chained, as a layer runs them;
-//! - the gated attention (24 query heads on 2 key/value heads of 256, bf16 caches) through a
-//!   full selection (512 blocks spread over the context, plus a tail of 3 tokens) at 32k and
-//!   128k tokens, against the K/V rows it must read, the caches of 12 layers in device memory.
+//! - the gated attention (24 query heads on 2 key/value heads of 256, bf16 caches), the split
+//!   attention and the combine of its splits timed together, through a full selection (512
+//!   blocks spread over the context, plus a tail of 3 tokens) at 32k and 128k tokens, against
+//!   the K/V rows it must read, the caches of 12 layers in device memory.
 //!
 //! benches/qsa_torch.py times torch.topk and the scores in PyTorch the same way.
 //! Lines go to stdout and to $OUT/bench-qsa.jsonl (or target/bench-qsa.jsonl).
@@ -22,6 +23,7 @@ use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::qsa::attention::qsa_attention;
 use engine::kernels::qsa::block_scores::qsa_block_scores;
+use engine::kernels::qsa::combine::qsa_attention_combine;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use flashnext::rng::Rng;
 use kernel_dsl::TileSet;
@@ -218,7 +220,8 @@ fn bench_qsa(c: &mut Criterion) {
         }
     }
 
-    // The attention through a full selection, 12 layers' caches (zero-filled: the values do not
+    // The attention (the split attention then the combine, at its default tiles) through a full
+    // selection, 12 layers' caches (zero-filled: the values do not
     // change the work), each layer's selection spread at random over its context.
     let (q_heads, kv_heads, head_dim) = (24usize, 2usize, 256usize);
     // Every chunk size at 32k (the default first), the default at 128k.
@@ -258,14 +261,11 @@ fn bench_qsa(c: &mut Criterion) {
             (0..layers).map(|_| gpu.alloc(q_heads * splits_max * head_dim).expect("partials")).collect();
         let mut ml: Vec<DeviceBuffer<f32>> =
             (0..layers).map(|_| gpu.alloc(q_heads * splits_max * 2).expect("partials")).collect();
-        let mut counters: Vec<DeviceBuffer<u32>> =
-            (0..layers).map(|_| gpu.alloc(kv_heads).expect("counters")).collect();
         let mut o: Vec<DeviceBuffer<half::bf16>> =
             (0..layers).map(|_| gpu.alloc(q_heads * head_dim).expect("o")).collect();
         let args: Vec<qsa_attention::Args> = (0..layers)
             .map(|l| qsa_attention::Args {
                 q: q.ptr(),
-                gate: gate.ptr(),
                 k_cache: caches[l].0.ptr(),
                 v_cache: caches[l].1.ptr(),
                 selected: selections[l].ptr(),
@@ -273,8 +273,6 @@ fn bench_qsa(c: &mut Criterion) {
                 position: pos.ptr(),
                 partial_acc: acc[l].ptr_mut(),
                 partial_ml: ml[l].ptr_mut(),
-                counters: counters[l].ptr_mut(),
-                o: o[l].ptr_mut(),
                 q_heads: q_heads as u32,
                 kv_heads: kv_heads as u32,
                 head_dim: head_dim as u32,
@@ -287,16 +285,33 @@ fn bench_qsa(c: &mut Criterion) {
             if i > 0 && context != 32_768 {
                 break;
             }
-            if <qsa_attention::Kernel as kernel_dsl::KernelDef>::launch_dims(tiles, &args[0]).is_err() {
+            let Ok(dims) = <qsa_attention::Kernel as kernel_dsl::KernelDef>::launch_dims(tiles, &args[0]) else {
                 continue;
-            }
+            };
+            // The combine at its defaults, over the splits this chunk size makes.
+            let combine_args: Vec<qsa_attention_combine::Args> = (0..layers)
+                .map(|l| qsa_attention_combine::Args {
+                    partial_acc: acc[l].ptr(),
+                    partial_ml: ml[l].ptr(),
+                    gate: gate.ptr(),
+                    o: o[l].ptr_mut(),
+                    q_heads: q_heads as u32,
+                    head_dim: head_dim as u32,
+                    splits: dims.grid[1],
+                })
+                .collect();
             let ka = gpu.kernel::<qsa_attention::Kernel>(*tiles).expect("compile");
+            let kc = gpu.kernel::<qsa_attention_combine::Kernel>(TileSet::DEFAULT).expect("compile");
             let g = gpu
                 .capture(|| {
-                    for a in &args {
+                    for (a, ca) in args.iter().zip(&combine_args) {
                         // SAFETY: each layer's caches hold position + 1 tokens, its selection TOP
-                        // blocks below n, its partials the most splits; all outlive the graph.
-                        unsafe { ka.launch(&gpu, a) }?;
+                        // blocks below n, its partials the most splits (read by the combine at
+                        // the attention's split count); all outlive the graph.
+                        unsafe {
+                            ka.launch(&gpu, a)?;
+                            kc.launch(&gpu, ca)?;
+                        }
                     }
                     Ok(())
                 })

@@ -8,6 +8,7 @@
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::kernels::qsa::attention::qsa_attention;
 use engine::kernels::qsa::block_scores::qsa_block_scores;
+use engine::kernels::qsa::combine::qsa_attention_combine;
 use engine::kernels::qsa::prepare::qsa_prepare;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use engine::reference::qsa::{block_scores, top_blocks};
@@ -294,10 +295,15 @@ fn reference_tokens(c: &AttentionCase, scores: &[f32]) -> Vec<usize> {
     engine::reference::qsa::selection(&cfg, c.context - 1, || scores.to_vec())
 }
 
-/// Runs the attention of `c` on random inputs for each tile set: o within 1e-2 relative L2 of
-/// `reference::qsa::gated_attention` over the reference's tokens, every element finite, a second
-/// launch bit-identical.
-fn attention_case(gpu: &Gpu, rng: &mut Rng, c: AttentionCase, tile_sets: &[qsa_attention::Tiles]) {
+/// Runs the attention of `c` then its combine on random inputs for each pair of tile sets: o
+/// within 1e-2 relative L2 of `reference::qsa::gated_attention` over the reference's tokens,
+/// every element finite, a second launch bit-identical.
+fn attention_case(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    c: AttentionCase,
+    tile_sets: &[(qsa_attention::Tiles, qsa_attention_combine::Tiles)],
+) {
     use half::bf16;
     let (hq, hkv, dh) = (c.q_heads, c.kv_heads, c.head_dim);
     let n = c.context / c.block_tokens;
@@ -332,14 +338,12 @@ fn attention_case(gpu: &Gpu, rng: &mut Rng, c: AttentionCase, tile_sets: &[qsa_a
     let splits_max = (c.top * c.block_tokens + c.block_tokens).div_ceil(16);
     let mut acc = gpu.alloc::<f32>(hq * splits_max * dh).expect("partials");
     let mut ml = gpu.alloc::<f32>(hq * splits_max * 2).expect("partials");
-    let mut counters = gpu.alloc::<u32>(hkv).expect("counters");
     let mut o = gpu.alloc::<bf16>(hq * dh).expect("o");
     let mut ran = 0;
-    for &tiles in tile_sets {
-        let label = format!("{c:?} {tiles:?}");
+    for &(tiles, combine_tiles) in tile_sets {
+        let label = format!("{c:?} {tiles:?} {combine_tiles:?}");
         let args = qsa_attention::Args {
             q: d_q.ptr(),
-            gate: d_gate.ptr(),
             k_cache: d_k.ptr(),
             v_cache: d_v.ptr(),
             selected: d_sel.ptr(),
@@ -347,8 +351,6 @@ fn attention_case(gpu: &Gpu, rng: &mut Rng, c: AttentionCase, tile_sets: &[qsa_a
             position: d_pos.ptr(),
             partial_acc: acc.ptr_mut(),
             partial_ml: ml.ptr_mut(),
-            counters: counters.ptr_mut(),
-            o: o.ptr_mut(),
             q_heads: hq as u32,
             kv_heads: hkv as u32,
             head_dim: dh as u32,
@@ -356,22 +358,39 @@ fn attention_case(gpu: &Gpu, rng: &mut Rng, c: AttentionCase, tile_sets: &[qsa_a
             top: c.top as u32,
             scale: 1.0 / (dh as f32).sqrt(),
         };
-        if qsa_attention::Kernel::launch_dims(&tiles, &args).is_err() {
+        let Ok(dims) = qsa_attention::Kernel::launch_dims(&tiles, &args) else {
+            continue;
+        };
+        let combine_args = qsa_attention_combine::Args {
+            partial_acc: acc.ptr(),
+            partial_ml: ml.ptr(),
+            gate: d_gate.ptr(),
+            o: o.ptr_mut(),
+            q_heads: hq as u32,
+            head_dim: dh as u32,
+            splits: dims.grid[1],
+        };
+        if qsa_attention_combine::Kernel::launch_dims(&combine_tiles, &combine_args).is_err() {
             continue;
         }
+        assert!(dims.grid[1] as usize <= splits_max, "{label}: more splits than the partials hold");
         ran += 1;
         let k = gpu.kernel::<qsa_attention::Kernel>(tiles).expect("compile");
+        let kc = gpu.kernel::<qsa_attention_combine::Kernel>(combine_tiles).expect("compile");
         let mut outputs = Vec::new();
         for _ in 0..2 {
             gpu.fill_bytes(&mut o, POISON).expect("poison");
             gpu.fill_bytes(&mut acc, POISON).expect("poison");
             gpu.fill_bytes(&mut ml, POISON).expect("poison");
             // SAFETY: the caches hold `context` tokens of kv_heads·head_dim, the selection `top`
-            // blocks below n; the partials are sized for the most splits any tile set makes.
-            unsafe { k.launch(gpu, &args) }.expect("launch");
+            // blocks below n; the partials are sized for the most splits any tile set makes, and
+            // the combine reads them at the attention's split count.
+            unsafe {
+                k.launch(gpu, &args).expect("launch");
+                kc.launch(gpu, &combine_args).expect("combine");
+            }
             outputs.push(gpu.download(&o).expect("o"));
         }
-        assert_eq!(gpu.download(&counters).expect("counters"), vec![0; hkv], "{label}: counters left non-zero");
         let got: Vec<f32> = outputs[0].iter().map(|v| v.to_f32()).collect();
         if let Some(i) = got.iter().position(|v| !v.is_finite()) {
             panic!("{label}: o[{i}] = {} (unwritten?)", got[i]);
@@ -398,11 +417,21 @@ fn attention_through_the_selection_matches_the_reference() {
     let published =
         |context| AttentionCase { q_heads: 24, kv_heads: 2, head_dim: 256, block_tokens: 4, top: TOP, context };
     for context in [100, 2_052, 4_096, 100_000] {
-        attention_case(&gpu, &mut rng, published(context), &[TileSet::DEFAULT]);
+        attention_case(&gpu, &mut rng, published(context), &[(TileSet::DEFAULT, TileSet::DEFAULT)]);
     }
     // A small shape (head_dim 128, 3 query heads a key/value head, a budget of 8 blocks), every
-    // tile candidate: dense, at the budget, past it with and without a tail.
-    let candidates = qsa_attention::Tiles::candidates();
+    // tile candidate of each kernel (with the other's defaults): dense, at the budget, past it
+    // with and without a tail.
+    let candidates: Vec<(qsa_attention::Tiles, qsa_attention_combine::Tiles)> = qsa_attention::Tiles::candidates()
+        .into_iter()
+        .map(|t| (t, TileSet::DEFAULT))
+        .chain(
+            qsa_attention_combine::Tiles::candidates()
+                .into_iter()
+                .filter(|t| *t != TileSet::DEFAULT)
+                .map(|t| (TileSet::DEFAULT, t)),
+        )
+        .collect();
     for context in [1, 7, 32, 33, 131, 400] {
         let c = AttentionCase { q_heads: 6, kv_heads: 2, head_dim: 128, block_tokens: 4, top: 8, context };
         attention_case(&gpu, &mut rng, c, &candidates);

@@ -2,8 +2,10 @@
 // Do not edit: the Rust description is the source; see generated/README.md.
 // Tiles: WARPS=4 CHUNK=32; 128 threads per block.
 //
-// One token's attention over the selected blocks plus the tail, split over tokens with a
-// deterministic combine (flash-decoding), each output element times σ(gate):
+// One token's attention over the selected blocks plus the tail, split over tokens
+// (flash-decoding): each split writes its unnormalised partial result, and
+// [`qsa_attention_combine`](super::combine::qsa_attention_combine) combines the splits in a
+// fixed order and applies σ(gate):
 //
 // ```text
 // tokens = [c·b + i for b in selected[..count[0]], i < c] ++ [c·complete ..= position[0]]
@@ -11,35 +13,29 @@
 // ```
 //
 // with c = `block_tokens`, complete = (position + 1) / c. `q` [q_heads, head_dim] holds the
-// queries after their norm and RoPE, `gate` [q_heads, head_dim] the raw gate; the caches
-// [tokens, kv_heads, head_dim] are bf16, read in place through the selection (no copy of the
-// chosen tokens). Everything that varies per token is read from device memory; the grid is
-// sized for the largest selection (`top` blocks plus a tail), so one graph serves every length.
+// queries after their norm and RoPE; the caches [tokens, kv_heads, head_dim] are bf16, read in
+// place through the selection (no copy of the chosen tokens). Everything that varies per token
+// is read from device memory; the grid is sized for the largest selection (`top` blocks plus a
+// tail), so one graph serves every length.
 //
-// Grid (kv_heads, splits of CHUNK tokens). A block serves the `group` = q_heads / kv_heads query
+// Grid (kv_heads, splits of CHUNK tokens); splits = ⌈(top + 1)·c / CHUNK⌉ (the launch dims'
+// `grid[1]`, which the combine takes). A block serves the `group` = q_heads / kv_heads query
 // heads of its key/value head, so each K and V row is read once: the queries are staged in
 // shared memory; each warp takes a token, its lanes 16-byte (or 8-byte) loads of the key row,
 // and a warp sum per query head gives the logits; then one thread per head turns its logits
 // into exp(l − m) and keeps (m, Σ) for the chunk; then thread t accumulates dimensions 2t and
 // 2t+1 of every head over the chunk's values. The split's unnormalised output and (m, Σ) go to
-// `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits, 2]; the last
-// split of a key/value head to finish (a counter per head in `counters` [kv_heads], zero before
-// the first launch and left zero) combines the splits in order and writes o in bf16. Splits past
-// the selection's end write an empty partial (m = −∞, Σ = 0); split 0 always holds the current
-// token.
+// `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits, 2], and the
+// block ends there: the combine is a separate launch spread over many blocks (one block per
+// key/value head combining every split serialised the whole kernel on its L2 loads). Splits
+// past the selection's end write an empty partial (m = −∞, Σ = 0); split 0 always holds the
+// current token.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
 
 __device__ __forceinline__ float bf16_to_f32(bf16 v) {
     return __uint_as_float((unsigned)v.bits << 16);
-}
-
-// Round to nearest even; NaN stays NaN (the conversion instruction of sm_80 and later).
-__device__ __forceinline__ bf16 f32_to_bf16(float v) {
-    bf16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
-    return r;
 }
 
 // Two bf16 in one word (element 0 in the low half) to two f32: bf16 is the top of an f32.
@@ -54,16 +50,8 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).
-// The built-in is an ordinary load to the compiler: several can be in flight at once.
-__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
-__device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
-
 extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const float* __restrict__ q,
-    const float* __restrict__ gate,
     const bf16* __restrict__ k_cache,
     const bf16* __restrict__ v_cache,
     const unsigned* __restrict__ selected,
@@ -71,8 +59,6 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned* __restrict__ position,
     float* __restrict__ partial_acc,
     float* __restrict__ partial_ml,
-    unsigned* __restrict__ counters,
-    bf16* __restrict__ o,
     const unsigned q_heads,
     const unsigned kv_heads,
     const unsigned head_dim,
@@ -83,7 +69,6 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     __shared__ __align__(16) float qs[4096];
     __shared__ __align__(16) float p[512];
     __shared__ __align__(16) unsigned rows[32];
-    __shared__ __align__(16) unsigned last[1];
     const unsigned per_lane = 8u;
     const unsigned kvh = blockIdx.x;
     const unsigned split = blockIdx.y;
@@ -187,38 +172,5 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
             partial_acc[at] = acc0[h];
             partial_acc[at + 1u] = acc1[h];
         }
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0u) {
-        last[0u] = atomicAdd(counters + kvh, 1u) == splits - 1u ? 1u : 0u;
-    }
-    __syncthreads();
-    if (last[0u] == 0u) {
-        return;
-    }
-    if (threadIdx.x == 0u) {
-        counters[kvh] = 0u;
-    }
-    for (unsigned h = 0u; h < group; ++h) {
-        const unsigned head = kvh * group + h;
-        float m_1 = -__uint_as_float(0x7f800000u);
-        for (unsigned s = 0u; s < splits; ++s) {
-            m_1 = fmaxf(m_1, ld_cg(partial_ml + 2u * (head * splits + s)));
-        }
-        float sum_1 = 0.0f;
-        float o0 = 0.0f;
-        float o1 = 0.0f;
-        for (unsigned s = 0u; s < splits; ++s) {
-            const unsigned slot_1 = head * splits + s;
-            const float ms = ld_cg(partial_ml + 2u * slot_1);
-            const float w_1 = ms == -__uint_as_float(0x7f800000u) ? 0.0f : expf(ms - m_1);
-            sum_1 += w_1 * ld_cg(partial_ml + (2u * slot_1 + 1u));
-            o0 += w_1 * ld_cg(partial_acc + (slot_1 * head_dim + d_1));
-            o1 += w_1 * ld_cg(partial_acc + (slot_1 * head_dim + d_1 + 1u));
-        }
-        const unsigned g = head * head_dim + d_1;
-        o[g] = f32_to_bf16(o0 / sum_1 * sigmoid(gate[g]));
-        o[g + 1u] = f32_to_bf16(o1 / sum_1 * sigmoid(gate[g + 1u]));
     }
 }

@@ -34,5 +34,6 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &qsa::block_scores::qsa_block_scores::ERASED,
     &qsa::top_blocks::qsa_top_blocks::ERASED,
     &qsa::attention::qsa_attention::ERASED,
+    &qsa::combine::qsa_attention_combine::ERASED,
     &qsa::prepare::qsa_prepare::ERASED,
 ];

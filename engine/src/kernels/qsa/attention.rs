@@ -2,8 +2,10 @@
 
 use kernel_macros::kernel;
 
-/// One token's attention over the selected blocks plus the tail, split over tokens with a
-/// deterministic combine (flash-decoding), each output element times σ(gate):
+/// One token's attention over the selected blocks plus the tail, split over tokens
+/// (flash-decoding): each split writes its unnormalised partial result, and
+/// [`qsa_attention_combine`](super::combine::qsa_attention_combine) combines the splits in a
+/// fixed order and applies σ(gate):
 ///
 /// ```text
 /// tokens = [c·b + i for b in selected[..count[0]], i < c] ++ [c·complete ..= position[0]]
@@ -11,22 +13,23 @@ use kernel_macros::kernel;
 /// ```
 ///
 /// with c = `block_tokens`, complete = (position + 1) / c. `q` [q_heads, head_dim] holds the
-/// queries after their norm and RoPE, `gate` [q_heads, head_dim] the raw gate; the caches
-/// [tokens, kv_heads, head_dim] are bf16, read in place through the selection (no copy of the
-/// chosen tokens). Everything that varies per token is read from device memory; the grid is
-/// sized for the largest selection (`top` blocks plus a tail), so one graph serves every length.
+/// queries after their norm and RoPE; the caches [tokens, kv_heads, head_dim] are bf16, read in
+/// place through the selection (no copy of the chosen tokens). Everything that varies per token
+/// is read from device memory; the grid is sized for the largest selection (`top` blocks plus a
+/// tail), so one graph serves every length.
 ///
-/// Grid (kv_heads, splits of CHUNK tokens). A block serves the `group` = q_heads / kv_heads query
+/// Grid (kv_heads, splits of CHUNK tokens); splits = ⌈(top + 1)·c / CHUNK⌉ (the launch dims'
+/// `grid[1]`, which the combine takes). A block serves the `group` = q_heads / kv_heads query
 /// heads of its key/value head, so each K and V row is read once: the queries are staged in
 /// shared memory; each warp takes a token, its lanes 16-byte (or 8-byte) loads of the key row,
 /// and a warp sum per query head gives the logits; then one thread per head turns its logits
 /// into exp(l − m) and keeps (m, Σ) for the chunk; then thread t accumulates dimensions 2t and
 /// 2t+1 of every head over the chunk's values. The split's unnormalised output and (m, Σ) go to
-/// `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits, 2]; the last
-/// split of a key/value head to finish (a counter per head in `counters` [kv_heads], zero before
-/// the first launch and left zero) combines the splits in order and writes o in bf16. Splits past
-/// the selection's end write an empty partial (m = −∞, Σ = 0); split 0 always holds the current
-/// token.
+/// `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits, 2], and the
+/// block ends there: the combine is a separate launch spread over many blocks (one block per
+/// key/value head combining every split serialised the whole kernel on its L2 loads). Splits
+/// past the selection's end write an empty partial (m = −∞, Σ = 0); split 0 always holds the
+/// current token.
 #[kernel(
     block = 32 * WARPS,
     grid = (kv_heads, div_ceil(top * block_tokens + block_tokens, CHUNK)),
@@ -43,7 +46,6 @@ pub fn qsa_attention(
     #[tile(default = 4, candidates = [2, 4])] WARPS: u32,
     #[tile(default = 32, candidates = [16, 32, 64])] CHUNK: u32,
     q: &[f32],
-    gate: &[f32],
     k_cache: &[bf16],
     v_cache: &[bf16],
     selected: &[u32],
@@ -51,8 +53,6 @@ pub fn qsa_attention(
     position: &[u32],
     partial_acc: &mut [f32],
     partial_ml: &mut [f32],
-    counters: &mut [u32],
-    o: &mut [bf16],
     q_heads: u32,
     kv_heads: u32,
     head_dim: u32,
@@ -63,7 +63,6 @@ pub fn qsa_attention(
     let qs = shared::<f32, { 16 * 64 * WARPS }>();
     let p = shared::<f32, { 16 * CHUNK }>();
     let rows = shared::<u32, CHUNK>();
-    let last = shared::<u32, 1>();
     // Dimensions per lane in the key pass: head_dim / 32.
     let per_lane = 2 * WARPS;
     let kvh = block_idx();
@@ -171,41 +170,5 @@ pub fn qsa_attention(
             partial_acc[at] = acc0[h];
             partial_acc[at + 1] = acc1[h];
         }
-    }
-
-    // Count this split in; the last one of the head combines.
-    thread_fence();
-    sync_threads();
-    if thread_idx() == 0 {
-        last[0] = if atomic_add(counters, kvh, 1) == splits - 1 { 1 } else { 0 };
-    }
-    sync_threads();
-    if last[0] == 0 {
-        return;
-    }
-    if thread_idx() == 0 {
-        counters[kvh] = 0;
-    }
-    for h in 0..group {
-        let head = kvh * group + h;
-        let mut m = f32::NEG_INFINITY;
-        for s in 0..splits {
-            m = max(m, load_cg(partial_ml, 2 * (head * splits + s)));
-        }
-        let mut sum = 0.0;
-        let mut o0 = 0.0;
-        let mut o1 = 0.0;
-        for s in 0..splits {
-            let slot = head * splits + s;
-            let ms = load_cg(partial_ml, 2 * slot);
-            // An empty split (m = −∞) weighs nothing; split 0 is never empty, so m is finite.
-            let w = if ms == f32::NEG_INFINITY { 0.0 } else { exp(ms - m) };
-            sum += w * load_cg(partial_ml, 2 * slot + 1);
-            o0 += w * load_cg(partial_acc, slot * head_dim + d);
-            o1 += w * load_cg(partial_acc, slot * head_dim + d + 1);
-        }
-        let g = head * head_dim + d;
-        o[g] = (o0 / sum * sigmoid(gate[g])) as bf16;
-        o[g + 1] = (o1 / sum * sigmoid(gate[g + 1])) as bf16;
     }
 }
