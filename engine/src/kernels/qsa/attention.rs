@@ -44,7 +44,7 @@ use kernel_macros::kernel;
 )]
 pub fn qsa_attention(
     #[tile(default = 4, candidates = [2, 4])] WARPS: u32,
-    #[tile(default = 32, candidates = [16, 32, 64])] CHUNK: u32,
+    #[tile(default = 16, candidates = [16, 32, 64])] CHUNK: u32,
     q: &[f32],
     k_cache: &[bf16],
     v_cache: &[bf16],
