@@ -42,6 +42,14 @@ pub fn check(what: &str, got: &[f32], want: &[f32], tol: impl Fn(usize) -> f32) 
     Err(msg)
 }
 
+/// ‖got − want‖₂ / ‖want‖₂ in f64 (the plain norm of the difference when `want` is all zero); a
+/// NaN in `got` makes it NaN, which no bound accepts.
+pub fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
+    if den > 0.0 { (num / den).sqrt() } else { num.sqrt() }
+}
+
 /// Rounds to bf16 and back: what a kernel that writes bf16 can at best produce.
 pub fn round_bf16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()

@@ -18,6 +18,7 @@ use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{GdnWeights, Linear};
 use engine::reference;
 use engine::reference::gdn::GdnState;
+use flashnext::compare::rel_l2;
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
 use kernel_dsl::TileSet;
@@ -93,12 +94,6 @@ fn random_nvfp4(rng: &mut Rng, rows: usize, cols: usize) -> Nvfp4Matrix {
         (0..rows * cols / 16).map(|_| (((rng.next_u64() % 4 + 5) << 3) | (rng.next_u64() % 8)) as u8).collect();
     let scale_2 = (0.5 + rng.uniform()) / (3.0 * (cols as f32).sqrt());
     Nvfp4Matrix { rows, cols, packed, scales, scale_2 }
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 /// The reference's outputs for every token and its state after the last one.

@@ -10,6 +10,7 @@ use engine::layers::moe::{
 use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{ExpertWeights, Linear};
 use engine::reference;
+use flashnext::compare::rel_l2;
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
 use kernel_dsl::TileSet;
@@ -33,12 +34,6 @@ fn random_nvfp4(rng: &mut Rng, rows: usize, cols: usize) -> Nvfp4Matrix {
 
 fn linear(m: &Nvfp4Matrix) -> Linear {
     Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None }
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 /// One block's inputs and weights, on the host.

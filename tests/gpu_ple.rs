@@ -33,6 +33,7 @@ use engine::model::ple_table::{
 };
 use engine::model::weights::{Linear, PleWeights};
 use engine::reference::ple::{PleState, ple};
+use flashnext::compare::rel_l2;
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtr, TileSet};
@@ -397,12 +398,6 @@ fn gathered_rows_are_the_nvfp4_table_file_rows() {
 
 fn bf16_values(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| bf16::from_f32(scale * rng.normal()).to_f32()).collect()
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 /// A PLE config: `streams` streams of `hidden`, a `hidden`-wide embedding over 16 heads, conv

@@ -395,9 +395,7 @@ fn attention_case(
         if let Some(i) = got.iter().position(|v| !v.is_finite()) {
             panic!("{label}: o[{i}] = {} (unwritten?)", got[i]);
         }
-        let num: f64 = got.iter().zip(&want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-        let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
-        let e = (num / den).sqrt();
+        let e = flashnext::compare::rel_l2(&got, &want);
         println!("{label}: {} tokens, o within {e:.2e} of the reference (relative L2)", tokens.len());
         assert!(e < 1e-2, "{label}: o is {e:.2e} from the reference (relative L2)");
         assert!(

@@ -3,6 +3,7 @@
 //! architecture. Teacher-forced logits at every position within 1e-3 relative L2, and the greedy
 //! continuation token for token.
 
+use flashnext::compare::rel_l2;
 use std::path::{Path, PathBuf};
 
 use engine::model::weights::ModelWeights;
@@ -39,12 +40,6 @@ fn goldens(dir: &Path) -> Goldens {
         logits: f32s("logits"),
         hidden: f32s("hidden"),
     }
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum();
-    let den: f64 = want.iter().map(|b| f64::from(*b).powi(2)).sum();
-    (num / den).sqrt()
 }
 
 fn check(name: &str) {
