@@ -13,7 +13,8 @@
 // grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 // the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
 // f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax, each
-// two `redux.sync` reductions (probability descending, the lower expert first on ties), the
+// two pairwise trees over a lane's probabilities and two `redux.sync` reductions over the warp
+// (probability descending, the lower expert first on ties), the
 // routing weights (renormalised to sum to 1 when `renormalise`), and σ(shared_gate·x) in
 // `weights[top_k]`. Nothing comes back to the host.
 
@@ -213,11 +214,10 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
         }
     }
     const float total = warp_sum(s);
+    unsigned key[16] = {};
     #pragma unroll
     for (unsigned j = 0u; j < 16u; ++j) {
-        if (p[j] >= 0.0f) {
-            p[j] = p[j] / total;
-        }
+        key[j] = p[j] >= 0.0f ? __float_as_uint(p[j] / total) + 1u : 0u;
     }
     float chosen_sum = 0.0f;
     unsigned first_id = 0u;
@@ -225,23 +225,55 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
     float first_p = 0.0f;
     float second_p = 0.0f;
     for (unsigned k = 0u; k < top_k; ++k) {
-        float bp = -1.0f;
-        unsigned bi = experts;
+        unsigned best[16] = {};
         #pragma unroll
         for (unsigned j = 0u; j < 16u; ++j) {
-            if (p[j] > bp) {
-                bp = p[j];
-                bi = (threadIdx.x & 31u) + 32u * j;
-            }
+            best[j] = key[j];
         }
-        const unsigned bits = bp >= 0.0f ? __float_as_uint(bp) : 0u;
-        const unsigned best_bits = __reduce_max_sync(0xffffffffu, bits);
-        bi = __reduce_min_sync(0xffffffffu, bits == best_bits ? bi : 0xffffffffu);
-        bp = __uint_as_float(best_bits);
+        #pragma unroll
+        for (unsigned j = 0u; j < 8u; ++j) {
+            best[j] = max(best[2u * j], best[2u * j + 1u]);
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < 4u; ++j) {
+            best[j] = max(best[2u * j], best[2u * j + 1u]);
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < 2u; ++j) {
+            best[j] = max(best[2u * j], best[2u * j + 1u]);
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < 1u; ++j) {
+            best[j] = max(best[2u * j], best[2u * j + 1u]);
+        }
+        const unsigned best_key = __reduce_max_sync(0xffffffffu, best[0u]);
+        unsigned lowest[16] = {};
+        #pragma unroll
+        for (unsigned j = 0u; j < 16u; ++j) {
+            lowest[j] = key[j] == best_key ? (threadIdx.x & 31u) + 32u * j : 0xffffffffu;
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < 8u; ++j) {
+            lowest[j] = min(lowest[2u * j], lowest[2u * j + 1u]);
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < 4u; ++j) {
+            lowest[j] = min(lowest[2u * j], lowest[2u * j + 1u]);
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < 2u; ++j) {
+            lowest[j] = min(lowest[2u * j], lowest[2u * j + 1u]);
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < 1u; ++j) {
+            lowest[j] = min(lowest[2u * j], lowest[2u * j + 1u]);
+        }
+        const unsigned bi = __reduce_min_sync(0xffffffffu, lowest[0u]);
+        const float bp = best_key > 0u ? __uint_as_float(best_key - 1u) : 0.0f;
         #pragma unroll
         for (unsigned j = 0u; j < 16u; ++j) {
             if ((threadIdx.x & 31u) + 32u * j == bi) {
-                p[j] = -1.0f;
+                key[j] = 0u;
             }
         }
         if ((threadIdx.x & 31u) == k % 32u) {

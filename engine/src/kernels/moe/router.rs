@@ -13,7 +13,8 @@ use kernel_macros::kernel;
 /// grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 /// the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
 /// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax, each
-/// two `redux.sync` reductions (probability descending, the lower expert first on ties), the
+/// two pairwise trees over a lane's probabilities and two `redux.sync` reductions over the warp
+/// (probability descending, the lower expert first on ties), the
 /// routing weights (renormalised to sum to 1 when `renormalise`), and σ(shared_gate·x) in
 /// `weights[top_k]`. Nothing comes back to the host.
 #[kernel(
@@ -21,6 +22,7 @@ use kernel_macros::kernel;
     grid = div_ceil(experts + 1, WARPS),
     require(
         experts <= 32 * PER_LANE,
+        PER_LANE <= 32,
         hidden % 256 == 0,
         hidden / 16 <= div_ceil(experts + 1, WARPS) * WARPS * 32,
         top_k >= 1,
@@ -152,39 +154,82 @@ pub fn moe_router(
         }
     }
     let total = warp_sum(s);
+    // Each probability becomes a key that orders like it: its bits plus one (probabilities are
+    // in [0, 1], so the bits order as the values and cannot overflow), 0 for the lanes past the
+    // experts and for the experts already chosen, so those lose to every real probability,
+    // zero included.
+    let mut key = [0u32; PER_LANE];
     #[unroll]
     for j in 0..PER_LANE {
-        if p[j] >= 0.0 {
-            p[j] = p[j] / total;
-        }
+        key[j] = if p[j] >= 0.0 { (p[j] / total).to_bits() + 1 } else { 0 };
     }
     let mut chosen_sum = 0.0;
     let (mut first_id, mut second_id) = (0u32, 0u32);
     let (mut first_p, mut second_p) = (0.0, 0.0);
     for k in 0..top_k {
-        let mut bp = -1.0;
-        let mut bi = experts;
-        // Each lane looks at its experts in increasing order, so it keeps the lower one on a tie.
+        // A round is two pairwise trees over the lane's keys (depth log2 PER_LANE, not a chain
+        // of PER_LANE dependent compares): the largest key, then the lowest index holding it;
+        // then the same two reductions over the warp, one `redux.sync` each.
+        let mut best = [0u32; PER_LANE];
         #[unroll]
         for j in 0..PER_LANE {
-            if p[j] > bp {
-                bp = p[j];
-                bi = lane_id() + 32 * j;
-            }
+            best[j] = key[j];
         }
-        // The warp's best in two single-instruction reductions: probabilities are ≥ 0 (the
-        // struck and absent entries' −1 counts as 0 here, and such a lane's index is `experts`),
-        // so their bits order like their values; then the lowest index among the lanes that
-        // hold the best value.
-        let bits = if bp >= 0.0 { bp.to_bits() } else { 0 };
-        let best_bits = warp_max_u32(bits);
-        bi = warp_min_u32(if bits == best_bits { bi } else { 0xffffffff });
-        bp = f32::from_bits(best_bits);
+        // Level by level, entry j takes the larger of 2j and 2j + 1 (a level past PER_LANE's
+        // depth runs no iterations).
+        #[unroll]
+        for j in 0..PER_LANE / 2 {
+            best[j] = max(best[2 * j], best[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 4 {
+            best[j] = max(best[2 * j], best[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 8 {
+            best[j] = max(best[2 * j], best[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 16 {
+            best[j] = max(best[2 * j], best[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 32 {
+            best[j] = max(best[2 * j], best[2 * j + 1]);
+        }
+        let best_key = warp_max_u32(best[0]);
+        let mut lowest = [0u32; PER_LANE];
+        #[unroll]
+        for j in 0..PER_LANE {
+            lowest[j] = if key[j] == best_key { lane_id() + 32 * j } else { 0xffffffff };
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 2 {
+            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 4 {
+            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 8 {
+            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 16 {
+            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+        }
+        #[unroll]
+        for j in 0..PER_LANE / 32 {
+            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+        }
+        let bi = warp_min_u32(lowest[0]);
+        let bp = if best_key > 0 { f32::from_bits(best_key - 1) } else { 0.0 };
         // Every lane holds the winner now; its owner strikes it.
         #[unroll]
         for j in 0..PER_LANE {
             if lane_id() + 32 * j == bi {
-                p[j] = -1.0;
+                key[j] = 0;
             }
         }
         // Lane k (k < 32), or lane k - 32, keeps the k-th choice for the writes below.
