@@ -3,6 +3,7 @@
 
 pub mod gdn;
 pub mod gemv_bf16;
+pub mod lm_head;
 pub mod mix;
 pub mod moe;
 pub mod ple;
@@ -36,4 +37,6 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &qsa::attention::qsa_attention::ERASED,
     &qsa::combine::qsa_attention_combine::ERASED,
     &qsa::prepare::qsa_prepare::ERASED,
+    &lm_head::lm_head_argmax_bf16::ERASED,
+    &lm_head::lm_head_argmax_nvfp4::ERASED,
 ];

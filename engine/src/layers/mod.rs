@@ -2,6 +2,7 @@
 //! and the sequence of launches.
 
 pub mod gdn;
+pub mod lm_head;
 pub mod mix;
 pub mod moe;
 pub mod ple;

@@ -1,0 +1,183 @@
+//! The lm_head with its fused greedy choice at the published shape (248,320 × 2,560), bf16 and
+//! NVFP4, on the GPU: one launch per replay of a captured graph (the matrix alone is 25× the
+//! H200's L2 in bf16, 7× in NVFP4, so every launch streams it from DRAM), timed with CUDA events.
+//!
+//! Each line: median and spread per launch, the bytes it must read (weights, x) and write
+//! (logits), GB/s, the fraction of 4.27 TB/s and of the copy bandwidth measured in the same run,
+//! and the floors on the H200 and on the GB10 (230 GB/s; a projection, not a measurement). Every
+//! tile candidate and grid size runs unless FLASHNEXT_BENCH_NO_SWEEP is set. Lines also go to
+//! $OUT/bench-lm_head.jsonl (or target/bench-lm_head.jsonl).
+
+use std::io::Write;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::{DeviceBuffer, Gpu};
+use engine::kernels::lm_head::{lm_head_argmax_bf16, lm_head_argmax_nvfp4};
+use engine::layers::lm_head::{LmHead, LmHeadTiles};
+use engine::model::nvfp4::Nvfp4Matrix;
+use flashnext::bench::replay_times;
+use half::bf16;
+use kernel_dsl::TileSet;
+
+const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
+const GB10_BYTES_PER_S: f64 = 230e9;
+const VOCAB: usize = 248_320;
+const HIDDEN: usize = 2560;
+
+/// A fast generator for a gigabyte of weights (the bench's values only need to be finite and
+/// varied): xorshift64*.
+struct Fast(u64);
+
+impl Fast {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+fn bf16_weights(n: usize) -> Vec<bf16> {
+    let mut r = Fast(0x9e37_79b9_7f4a_7c15);
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        let bits = r.next();
+        for i in 0..4 {
+            // Magnitudes in [2^-9, 2^-4), either sign.
+            let b = (bits >> (16 * i)) as u16;
+            v.push(bf16::from_bits((0x3b00 + (b & 0x03ff)) | (b & 0x8000)));
+        }
+    }
+    v.truncate(n);
+    v
+}
+
+fn nvfp4_weights() -> Nvfp4Matrix {
+    let mut r = Fast(0x1234_5678_9abc_def1);
+    let packed: Vec<u8> = (0..VOCAB * HIDDEN / 2).map(|_| r.next() as u8).collect();
+    // e4m3 codes 0x20..0x3f: scales in [2^-4, 1), never NaN.
+    let scales: Vec<u8> = (0..VOCAB * HIDDEN / 16).map(|_| 0x20 + (r.next() % 32) as u8).collect();
+    Nvfp4Matrix { rows: VOCAB, cols: HIDDEN, packed, scales, scale_2: 0.01 }
+}
+
+struct Sink {
+    jsonl: Option<std::fs::File>,
+    device: String,
+    copy_bw: f64,
+}
+
+impl Sink {
+    fn record(&mut self, what: &str, t: (f64, f64, f64), bytes: usize) {
+        let (median, p10, p90) = t;
+        let rate = bytes as f64 / median;
+        println!(
+            "lm_head {what}: {:.2} us (p10 {:.2}, p90 {:.2}), {:.1} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; H200 floor {:.2} us, GB10 floor (projection) {:.1} us",
+            median * 1e6,
+            p10 * 1e6,
+            p90 * 1e6,
+            bytes as f64 / 1e6,
+            rate / 1e9,
+            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
+            100.0 * rate / self.copy_bw,
+            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
+            bytes as f64 / GB10_BYTES_PER_S * 1e6,
+        );
+        if let Some(f) = self.jsonl.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"bench\":\"lm_head\",\"what\":\"{what}\",\"device\":\"{}\",\"us\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"copy_bw\":{:.0}}}",
+                self.device,
+                median * 1e6,
+                p10 * 1e6,
+                p90 * 1e6,
+                self.copy_bw
+            );
+        }
+    }
+}
+
+/// Times one lm_head: replays of a graph of one launch; the bytes it must move.
+fn time(gpu: &Gpu, head: &mut LmHead, x: &DeviceBuffer<bf16>) -> ((f64, f64, f64), usize) {
+    let mut logits = gpu.alloc::<f32>(VOCAB).expect("logits");
+    let mut token = gpu.alloc::<u32>(1).expect("token");
+    let g = gpu.capture(|| head.launch(gpu, x, &mut logits, &mut token)).expect("capture");
+    let t = replay_times(gpu, &g, 30);
+    (t, head.weight_bytes() + 2 * HIDDEN + 4 * VOCAB)
+}
+
+fn bench_lm_head(c: &mut Criterion) {
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("lm_head bench skipped: {e}");
+            return;
+        }
+    };
+    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
+    let device = gpu.info().name.clone();
+    println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-lm_head.jsonl")).ok();
+    let mut sink = Sink { jsonl, device, copy_bw };
+    let sweep = std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none();
+    let x = gpu.upload(&bf16_weights(HIDDEN)).expect("x");
+    let waves: &[u32] = if sweep { &[1, 2, 4, 8, 16] } else { &[4] };
+
+    {
+        let w = bf16_weights(VOCAB * HIDDEN);
+        let mut tile_sets = vec![lm_head_argmax_bf16::Tiles::DEFAULT];
+        if sweep {
+            tile_sets = lm_head_argmax_bf16::Tiles::candidates();
+        }
+        for tiles in tile_sets {
+            for &wv in waves {
+                if tiles != lm_head_argmax_bf16::Tiles::DEFAULT && wv != 4 {
+                    continue;
+                }
+                let t = LmHeadTiles { bf16: tiles, waves: wv, ..LmHeadTiles::default() };
+                let mut head = LmHead::bf16(&gpu, &w, VOCAB, HIDDEN, t).expect("lm_head");
+                let (times, bytes) = time(&gpu, &mut head, &x);
+                sink.record(&format!("bf16 {tiles:?} {} blocks", head.blocks()), times, bytes);
+            }
+        }
+    }
+    let m = nvfp4_weights();
+    let mut tile_sets = vec![lm_head_argmax_nvfp4::Tiles::DEFAULT];
+    if sweep {
+        tile_sets = lm_head_argmax_nvfp4::Tiles::candidates();
+    }
+    for tiles in tile_sets {
+        for &wv in waves {
+            if tiles != lm_head_argmax_nvfp4::Tiles::DEFAULT && wv != 4 {
+                continue;
+            }
+            let t = LmHeadTiles { nvfp4: tiles, waves: wv, ..LmHeadTiles::default() };
+            let mut head = LmHead::nvfp4(&gpu, &m, t).expect("lm_head");
+            let (times, bytes) = time(&gpu, &mut head, &x);
+            sink.record(&format!("nvfp4 {tiles:?} {} blocks", head.blocks()), times, bytes);
+        }
+    }
+
+    // A criterion line for the headline: the NVFP4 lm_head at its defaults.
+    let mut head = LmHead::nvfp4(&gpu, &m, LmHeadTiles::default()).expect("lm_head");
+    let mut logits = gpu.alloc::<f32>(VOCAB).expect("logits");
+    let mut token = gpu.alloc::<u32>(1).expect("token");
+    let mut group = c.benchmark_group("lm_head");
+    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    group.bench_function("nvfp4/248320x2560", |b| {
+        let t = EventTimer::new(&gpu).expect("events");
+        b.iter_custom(|iters| {
+            t.start(&gpu).expect("start");
+            for _ in 0..iters {
+                head.launch(&gpu, &x, &mut logits, &mut token).expect("launch");
+            }
+            t.stop(&gpu).expect("stop")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_lm_head);
+criterion_main!(benches);

@@ -1,0 +1,298 @@
+//! The last kernel of the step: the logits of the vocabulary and the greedy token, in one launch.
+//!
+//! Why fused: the lm_head is the largest single matrix of the step (248,320 × 2,560: 1.27 GB in
+//! bf16, 0.36 GB in NVFP4), so its GEMV must spread over every SM; an argmax as a separate launch
+//! would read the 1 MB of logits back and add a launch and its latency to every token. Here each
+//! block keeps the best of the rows it computed, and the last block to finish picks among the
+//! blocks' bests and writes the token where the next step reads it (the embedding and the PLE
+//! ids take `token[0]`), so nothing comes back to the host but the token itself.
+//!
+//! The choice is exact and deterministic: a logit becomes a 32-bit key that orders like the
+//! value (`f32::total_cmp` order; a NaN logit gets the lowest key and is never chosen over a
+//! number), and the best is the largest key, the lowest row among equal keys. That order is a
+//! maximum over (key, −row) pairs, which is associative and commutative, so how the rows are
+//! split over blocks and in which order the blocks finish cannot change the token: ties go to
+//! the lower id, as `reference::decoder::argmax` has it.
+//!
+//! Rows: warp w of block b takes row tiles b·WARPS + w, then every `blocks·WARPS` further
+//! (`blocks`, the grid, is the caller's: a few waves of the device's SMs). Partials
+//! `best_key`/`best_row` [blocks] and the counter `counter` [1] (zero before the first launch,
+//! put back to zero by the last block) make the launch graph-safe.
+
+use kernel_macros::kernel;
+
+/// logits = W·x for a bf16 lm_head W [vocab, hidden] and x [hidden] (f32 sums), and
+/// `token[0]` = the lowest row of the largest logit.
+///
+/// Each warp owns ROWS consecutive rows at a time; its lanes stream them with 16-byte loads that
+/// bypass L1, UNROLL steps in flight, and reduce with shuffles.
+#[kernel(
+    block = 32 * WARPS,
+    grid = blocks,
+    require(vocab % ROWS == 0, hidden % 256 == 0, blocks >= 1, blocks <= 65535),
+)]
+pub fn lm_head_argmax_bf16(
+    #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
+    #[tile(default = 8, candidates = [4, 8, 16])] WARPS: u32,
+    #[tile(default = 4, candidates = [2, 4, 8])] UNROLL: u32,
+    w: &[bf16],
+    x: &[bf16],
+    logits: &mut [f32],
+    best_key: &mut [u32],
+    best_row: &mut [u32],
+    counter: &mut [u32],
+    token: &mut [u32],
+    vocab: u32,
+    hidden: u32,
+    blocks: u32,
+) {
+    let mut key = 0u32;
+    let mut row = u32::MAX;
+    for tile in (block_idx() * WARPS + warp_id()..vocab / ROWS).step_by(blocks * WARPS) {
+        let row0 = tile * ROWS;
+        let mut acc = [0.0; ROWS];
+        #[unroll(UNROLL)]
+        for k in (lane_id() * 8..hidden).step_by(256) {
+            let xv = load_vec::<u32x4>(x, k);
+            #[unroll]
+            for r in 0..ROWS {
+                acc[r] += dot_bf16x8(load_stream::<u32x4>(w, (row0 + r) * hidden + k), xv);
+            }
+        }
+        // Rows come in increasing order, so a strict `>` keeps the lower row on a tie.
+        #[unroll]
+        for r in 0..ROWS {
+            let logit = warp_sum(acc[r]);
+            if lane_id() == r % 32 {
+                logits[row0 + r] = logit;
+            }
+            let bits = logit.to_bits();
+            let k = if logit != logit {
+                0
+            } else if bits >= 0x80000000 {
+                !bits
+            } else {
+                bits | 0x80000000
+            };
+            if k > key || row == u32::MAX {
+                key = k;
+                row = row0 + r;
+            }
+        }
+    }
+    // The block's best: each warp's, then warp 0 over the warps' (the lanes that took no row
+    // hold key 0 and row u32::MAX, which loses to every row taken).
+    let warp_keys = shared::<u32, WARPS>();
+    let warp_rows = shared::<u32, WARPS>();
+    let wk = warp_max_u32(key);
+    let wr = warp_min_u32(if key == wk { row } else { u32::MAX });
+    if lane_id() == 0 {
+        warp_keys[warp_id()] = wk;
+        warp_rows[warp_id()] = wr;
+    }
+    sync_threads();
+    let last = shared::<u32, 1>();
+    if warp_id() == 0 {
+        let k = if lane_id() < WARPS { warp_keys[lane_id()] } else { 0 };
+        let r = if lane_id() < WARPS { warp_rows[lane_id()] } else { u32::MAX };
+        let bk = warp_max_u32(k);
+        let br = warp_min_u32(if k == bk { r } else { u32::MAX });
+        if lane_id() == 0 {
+            best_key[block_idx()] = bk;
+            best_row[block_idx()] = br;
+            // Publish the block's best before counting it in; the last block goes on.
+            thread_fence();
+            last[0] = if atomic_add(counter, 0, 1) == blocks - 1 { 1 } else { 0 };
+        }
+    }
+    sync_threads();
+    if last[0] == 0 || warp_id() != 0 {
+        return;
+    }
+    // The last block's warp 0: the best over the blocks' bests, read past L1.
+    let mut fk = 0u32;
+    let mut fr = u32::MAX;
+    for b in (lane_id()..blocks).step_by(32) {
+        let k = load_cg(best_key, b);
+        let r = load_cg(best_row, b);
+        if k > fk || (k == fk && r < fr) {
+            fk = k;
+            fr = r;
+        }
+    }
+    let bk = warp_max_u32(fk);
+    let br = warp_min_u32(if fk == bk { fr } else { u32::MAX });
+    if lane_id() == 0 {
+        token[0] = if br == u32::MAX { 0 } else { br };
+        counter[0] = 0;
+    }
+}
+
+/// logits = W·x for an NVFP4 lm_head (ModelOpt layout: `packed` [vocab, hidden/2], `scales` e4m3
+/// [vocab, hidden/16], the global scale in `scale2[0]`) and a bf16 x [hidden], and `token[0]` =
+/// the lowest row of the largest logit.
+///
+/// Every block first stages x in shared memory as the sm_90 and sm_121a FP4 dot products read
+/// it (f16 pairs, each 16-value chunk divided by its max|x|, as the MoE router stages x), which
+/// costs it 5 KB from L2 and saves a launch. A group of LANES lanes takes a row; per step a lane
+/// streams 16 FP4 values (8 bytes) and their block scale, sums f16 products per 16-value block
+/// and scales them in f32.
+#[kernel(
+    block = 32 * WARPS,
+    grid = blocks,
+    require(
+        32 % LANES == 0,
+        hidden % (16 * LANES) == 0,
+        hidden <= 4096,
+        hidden / 16 <= 32 * WARPS,
+        vocab % (32 / LANES) == 0,
+        blocks >= 1,
+        blocks <= 65535,
+    ),
+)]
+pub fn lm_head_argmax_nvfp4(
+    #[tile(default = 16, candidates = [8, 16, 32])] LANES: u32,
+    #[tile(default = 8, candidates = [4, 8, 16])] WARPS: u32,
+    // UNROLL 2 spills a register on sm_121a (NVRTC 13.0's ptxas); 1, 4 and 8 do not.
+    #[tile(default = 4, candidates = [1, 4, 8])] UNROLL: u32,
+    packed: &[e2m1x2],
+    scales: &[e4m3],
+    scale2: &[f32],
+    x: &[bf16],
+    logits: &mut [f32],
+    best_key: &mut [u32],
+    best_row: &mut [u32],
+    counter: &mut [u32],
+    token: &mut [u32],
+    vocab: u32,
+    hidden: u32,
+    blocks: u32,
+) {
+    // x staged: four words (eight f16 pairs) per 16-value chunk, and the chunk's scale.
+    let xs = shared::<u32, 1024>();
+    let xsc = shared::<f32, 256>();
+    let chunk = thread_idx();
+    if chunk < hidden / 16 {
+        let lo = load_vec::<u32x4>(x, chunk * 16);
+        let hi = load_vec::<u32x4>(x, chunk * 16 + 8);
+        let (a, b, c, d) = (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
+        let (f, g, h, i) = (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
+        let m0 = max(
+            max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
+            max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
+        );
+        let m1 = max(
+            max(max(abs(f.x), abs(f.y)), max(abs(g.x), abs(g.y))),
+            max(max(abs(h.x), abs(h.y)), max(abs(i.x), abs(i.y))),
+        );
+        let m = max(m0, m1);
+        let inv = if m > 0.0 { 1.0 / m } else { 0.0 };
+        let s0 = stage_e2m1_x8(
+            f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
+            f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv),
+        );
+        let s1 = stage_e2m1_x8(
+            f32x4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
+            f32x4(h.x * inv, h.y * inv, i.x * inv, i.y * inv),
+        );
+        xs[chunk * 8] = s0.x;
+        xs[chunk * 8 + 1] = s0.y;
+        xs[chunk * 8 + 2] = s0.z;
+        xs[chunk * 8 + 3] = s0.w;
+        xs[chunk * 8 + 4] = s1.x;
+        xs[chunk * 8 + 5] = s1.y;
+        xs[chunk * 8 + 6] = s1.z;
+        xs[chunk * 8 + 7] = s1.w;
+        xsc[chunk] = m;
+    }
+    sync_threads();
+
+    let global_scale = scale2[0];
+    let lane = lane_id() % LANES;
+    let groups = 32 * WARPS / LANES;
+    let mut key = 0u32;
+    let mut row = u32::MAX;
+    // Every lane of a warp runs the same number of rows (vocab is a multiple of the warp's
+    // groups), so the shuffles below always see the whole warp.
+    for r in (block_idx() * groups + thread_idx() / LANES..vocab).step_by(blocks * groups) {
+        let mut acc = 0.0;
+        #[unroll(UNROLL)]
+        for c in (lane * 16..hidden).step_by(16 * LANES) {
+            let at = c / 2;
+            let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
+            let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
+            let wv = load_stream::<u32x2>(packed, r * (hidden / 2) + c / 2);
+            let ws = scales[r * (hidden / 16) + c / 16] as f32;
+            acc += dot_e2m1x16(wv, xa, xb) * (ws * xsc[c / 16]);
+        }
+        #[unroll]
+        for i in 0..5 {
+            let offset = 16 >> i;
+            if offset < LANES {
+                acc += shfl_xor(acc, offset);
+            }
+        }
+        let logit = acc * global_scale;
+        if lane == 0 {
+            logits[r] = logit;
+        }
+        let bits = logit.to_bits();
+        let k = if logit != logit {
+            0
+        } else if bits >= 0x80000000 {
+            !bits
+        } else {
+            bits | 0x80000000
+        };
+        if k > key || row == u32::MAX {
+            key = k;
+            row = r;
+        }
+    }
+    // The block's best: each warp's, then warp 0 over the warps' (the lanes that took no row
+    // hold key 0 and row u32::MAX, which loses to every row taken).
+    let warp_keys = shared::<u32, WARPS>();
+    let warp_rows = shared::<u32, WARPS>();
+    let wk = warp_max_u32(key);
+    let wr = warp_min_u32(if key == wk { row } else { u32::MAX });
+    if lane_id() == 0 {
+        warp_keys[warp_id()] = wk;
+        warp_rows[warp_id()] = wr;
+    }
+    sync_threads();
+    let last = shared::<u32, 1>();
+    if warp_id() == 0 {
+        let k = if lane_id() < WARPS { warp_keys[lane_id()] } else { 0 };
+        let r = if lane_id() < WARPS { warp_rows[lane_id()] } else { u32::MAX };
+        let bk = warp_max_u32(k);
+        let br = warp_min_u32(if k == bk { r } else { u32::MAX });
+        if lane_id() == 0 {
+            best_key[block_idx()] = bk;
+            best_row[block_idx()] = br;
+            // Publish the block's best before counting it in; the last block goes on.
+            thread_fence();
+            last[0] = if atomic_add(counter, 0, 1) == blocks - 1 { 1 } else { 0 };
+        }
+    }
+    sync_threads();
+    if last[0] == 0 || warp_id() != 0 {
+        return;
+    }
+    // The last block's warp 0: the best over the blocks' bests, read past L1.
+    let mut fk = 0u32;
+    let mut fr = u32::MAX;
+    for b in (lane_id()..blocks).step_by(32) {
+        let k = load_cg(best_key, b);
+        let r = load_cg(best_row, b);
+        if k > fk || (k == fk && r < fr) {
+            fk = k;
+            fr = r;
+        }
+    }
+    let bk = warp_max_u32(fk);
+    let br = warp_min_u32(if fk == bk { fr } else { u32::MAX });
+    if lane_id() == 0 {
+        token[0] = if br == u32::MAX { 0 } else { br };
+        counter[0] = 0;
+    }
+}
