@@ -123,7 +123,7 @@ fn bench_lm_head(c: &mut Criterion) {
     let mut sink = Sink { jsonl, device, copy_bw };
     let sweep = std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none();
     let x = gpu.upload(&bf16_weights(HIDDEN)).expect("x");
-    let waves: &[u32] = if sweep { &[1, 2, 4, 8, 16] } else { &[4] };
+    let waves: &[u32] = if sweep { &[1, 2, 4, 8, 16] } else { &[8] };
 
     {
         let w = bf16_weights(VOCAB * HIDDEN);
@@ -133,7 +133,7 @@ fn bench_lm_head(c: &mut Criterion) {
         }
         for tiles in tile_sets {
             for &wv in waves {
-                if tiles != lm_head_argmax_bf16::Tiles::DEFAULT && wv != 4 {
+                if tiles != lm_head_argmax_bf16::Tiles::DEFAULT && wv != 8 {
                     continue;
                 }
                 let t = LmHeadTiles { bf16: tiles, waves: wv, ..LmHeadTiles::default() };
@@ -150,7 +150,7 @@ fn bench_lm_head(c: &mut Criterion) {
     }
     for tiles in tile_sets {
         for &wv in waves {
-            if tiles != lm_head_argmax_nvfp4::Tiles::DEFAULT && wv != 4 {
+            if tiles != lm_head_argmax_nvfp4::Tiles::DEFAULT && wv != 8 {
                 continue;
             }
             let t = LmHeadTiles { nvfp4: tiles, waves: wv, ..LmHeadTiles::default() };

@@ -29,7 +29,7 @@ pub struct LmHeadTiles {
 
 impl Default for LmHeadTiles {
     fn default() -> Self {
-        LmHeadTiles { bf16: TileSet::DEFAULT, nvfp4: TileSet::DEFAULT, waves: 4 }
+        LmHeadTiles { bf16: TileSet::DEFAULT, nvfp4: TileSet::DEFAULT, waves: 8 }
     }
 }
 
