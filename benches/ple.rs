@@ -36,8 +36,8 @@ use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
-    PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
-    PleWeightsOnDevice, Residency, TableRows, gather_args,
+    PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleStreams, PleTableOnHost,
+    PleTiles, PleWeightsOnDevice, Residency, TableRows, gather_args,
 };
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
@@ -327,8 +327,8 @@ fn bench_block(gpu: &Gpu, out: &mut Sink, rng: &mut Rng, table: DevPtr<bf16>, ta
     let mut hash = PleHashOnDevice::new(gpu, std::slice::from_ref(&hash_host)).expect("hash");
     let mut tokens = gpu.alloc::<u32>(CHAIN).expect("alloc");
     let mut ids: DeviceBuffer<u64> = gpu.alloc(CHAIN * HEADS).expect("alloc");
-    let x = gpu.alloc::<f32>(nd).expect("alloc");
-    let mut y = gpu.alloc::<f32>(nd).expect("alloc");
+    let x = gpu.alloc::<bf16>(nd).expect("alloc");
+    let mut y = gpu.alloc::<bf16>(nd).expect("alloc");
     let steps: Vec<_> = (0..CHAIN)
         .map(|s| {
             let i = hash.ids_args(tokens.ptr().offset(s as u64), ids.ptr_mut().offset((s * HEADS) as u64));
@@ -338,8 +338,7 @@ fn bench_block(gpu: &Gpu, out: &mut Sink, rng: &mut Rng, table: DevPtr<bf16>, ta
                 &mut scratch,
                 TableRows::Bf16(table),
                 ids.ptr().offset((s * HEADS) as u64),
-                x.ptr(),
-                y.ptr_mut(),
+                PleStreams { input: x.ptr(), post: None, output: y.ptr_mut() },
             );
             (i, l)
         })
@@ -365,7 +364,8 @@ fn bench_block(gpu: &Gpu, out: &mut Sink, rng: &mut Rng, table: DevPtr<bf16>, ta
         + shape.proj_rows() * shape.embed_dim() * 2
         + nd * (3 + shape.conv_kernel) * 2
         + shape.conv_depth() * nd * 4 * 2
-        + nd * 4 * 2;
+        // the streams read and written, bf16
+        + nd * 2 * 2;
     report(
         out,
         &format!("ple block (ids, gather, kv gemv, gate+conv) published shape {tag} x{CHAIN}"),

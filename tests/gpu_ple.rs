@@ -22,8 +22,9 @@ use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use engine::kernels::ple::ids::ple_ids;
 use engine::layers::ple::{
-    Gather, PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleTableOnHost, PleTiles,
-    PleWeightsOnDevice, Residency, TableRows, enqueue_rows_on_side, gather_args, table_row_bases,
+    Gather, PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleShape, PleStateOnDevice, PleStreams,
+    PleTableOnHost, PleTiles, PleWeightsOnDevice, Residency, TableRows, enqueue_rows_on_side, gather_args,
+    table_row_bases,
 };
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
@@ -442,7 +443,11 @@ fn ple_weights(rng: &mut Rng, cfg: &ModelConfig) -> PleWeights {
 /// With `overlapped`, each token is one graph replay: the ids and the gather on a side stream
 /// forked at the start, a stand-in for layer 0 (a 2048 × 2048 bf16 GEMV) on the main stream
 /// meanwhile, the join, then the block.
-fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped: bool) {
+///
+/// The streams are bf16, as the step keeps them. With `post`, the previous block's write comes
+/// first inside the block (X ← bf16(fma(ω, y, X)), y and ω fresh each token): the reference gets
+/// those streams, computed here exactly as the device rounds them.
+fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped: bool, post: bool) {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh(label);
     let shape = PleShape::from_config(cfg).expect("shape");
@@ -450,10 +455,26 @@ fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped:
     let eos = w.hash.eos();
     let tokens = tokens(&mut rng, cfg.vocab_size, eos);
     let nd = shape.residual_width();
-    let streams: Vec<Vec<f32>> = (0..TOKENS).map(|_| (0..nd).map(|_| rng.normal()).collect()).collect();
+    let d = shape.hidden;
+    let streams: Vec<Vec<bf16>> = (0..TOKENS).map(|_| rng.bf16_normal(nd, 1.0)).collect();
+    let writes: Vec<(Vec<bf16>, Vec<f32>)> =
+        (0..TOKENS).map(|_| (rng.bf16_normal(d, 1.0), (0..nd / d).map(|_| 0.5 * rng.normal()).collect())).collect();
+    // The streams the block works on: after the write when there is one, rounded as the device does.
+    let written: Vec<Vec<f32>> = streams
+        .iter()
+        .zip(&writes)
+        .map(|(x, (y, g))| {
+            (0..nd)
+                .map(|c| {
+                    let x = x[c].to_f32();
+                    if post { bf16::from_f32(g[c / d].mul_add(y[c % d].to_f32(), x)).to_f32() } else { x }
+                })
+                .collect()
+        })
+        .collect();
 
     let mut st = PleState::new(cfg, &w);
-    let want: Vec<Vec<f32>> = tokens.iter().zip(&streams).map(|(&t, x)| ple(x, t, &w, cfg, &mut st)).collect();
+    let want: Vec<Vec<f32>> = tokens.iter().zip(&written).map(|(&t, x)| ple(x, t, &w, cfg, &mut st)).collect();
     let want_state: Vec<f32> = st.conv_inputs.concat();
 
     let mut table = MappedHostBuffer::<bf16>::new(gpu.context(), w.table.len()).expect("pinned table");
@@ -464,16 +485,24 @@ fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped:
     let mut hash = PleHashOnDevice::new(&gpu, std::slice::from_ref(&w.hash)).expect("hash");
     let mut token = gpu.alloc::<u32>(1).expect("alloc");
     let mut ids = gpu.alloc::<u64>(hash.ids_per_step()).expect("alloc");
-    let mut x = gpu.alloc::<f32>(nd).expect("alloc");
-    let mut y = gpu.alloc::<f32>(nd).expect("alloc");
+    let mut x = gpu.alloc::<bf16>(nd).expect("alloc");
+    let mut y = gpu.alloc::<bf16>(nd).expect("alloc");
+    let mut write_y = gpu.alloc::<bf16>(d).expect("alloc");
+    let mut write_gains = gpu.alloc::<f32>(nd / d).expect("alloc");
     for &t in tiles {
         let k = PleKernels::load(&gpu, t).expect("compile");
         let mut dst = PleStateOnDevice::new(&gpu, shape).expect("state");
         let mut s = PleScratch::new(&gpu, shape).expect("scratch");
         hash.reset(&gpu).expect("reset");
         let ids_args = hash.ids_args(token.ptr(), ids.ptr_mut());
-        let launches =
-            PleLaunches::new(&dw, &mut dst, &mut s, TableRows::Bf16(table.ptr()), ids.ptr(), x.ptr(), y.ptr_mut());
+        let launches = PleLaunches::new(
+            &dw,
+            &mut dst,
+            &mut s,
+            TableRows::Bf16(table.ptr()),
+            ids.ptr(),
+            PleStreams { input: x.ptr(), post: post.then(|| (write_y.ptr(), write_gains.ptr())), output: y.ptr_mut() },
+        );
         let stand_in_w = gpu.upload(&rng.bf16_normal(2048 * 2048, 0.02)).expect("layer 0 stand-in");
         let stand_in_x = gpu.upload(&rng.bf16_normal(2048, 1.0)).expect("layer 0 stand-in");
         let mut stand_in_y = gpu.alloc::<bf16>(2048).expect("alloc");
@@ -507,6 +536,8 @@ fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped:
         for (step, (&tok, xs)) in tokens.iter().zip(&streams).enumerate() {
             gpu.write(&mut token, &[tok]).expect("token");
             gpu.write(&mut x, xs).expect("streams");
+            gpu.write(&mut write_y, &writes[step].0).expect("y");
+            gpu.write(&mut write_gains, &writes[step].1).expect("gains");
             gpu.fill_bytes(&mut y, 0xff).expect("poison");
             gpu.fill_bytes(&mut ids, 0xff).expect("poison");
             gpu.fill_bytes(&mut s.rows, 0xff).expect("poison");
@@ -519,9 +550,11 @@ fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped:
                     launches.enqueue(&gpu, &k).expect("enqueue");
                 },
             }
-            let got = gpu.download(&y).expect("y");
+            let got: Vec<f32> = gpu.download(&y).expect("y").iter().map(|v| v.to_f32()).collect();
             assert!(got.iter().all(|v| v.is_finite()), "{label} {t:?} token {step}: non-finite output");
-            let added: Vec<f32> = got.iter().zip(xs).map(|(a, b)| a - b).collect();
+            // What the block added, against the reference's; the output's own bf16 rounding
+            // (2^-9 of |X + add|) is part of the error measured.
+            let added: Vec<f32> = got.iter().zip(&written[step]).map(|(a, b)| a - b).collect();
             let err = rel_l2(&added, &want[step]);
             worst = worst.max(err);
             err_sq += added.iter().zip(&want[step]).map(|(a, b)| (f64::from(*a) - f64::from(*b)).powi(2)).sum::<f64>();
@@ -553,18 +586,19 @@ fn ple_block_matches_the_reference_tiny_every_tile() {
     for gate_conv in ple_gate_conv::Tiles::candidates() {
         tiles.push(PleTiles { gate_conv, ..PleTiles::default() });
     }
-    block_matches(&block_config(4, 256), &tiles, "ple-block-tiny", false);
+    block_matches(&block_config(4, 256), &tiles, "ple-block-tiny", false, true);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ple_block_with_rows_gathered_beside_layer_0_in_a_graph_matches_the_reference() {
-    block_matches(&block_config(4, 256), &[PleTiles::default()], "ple-block-overlapped-tiny", true);
-    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-overlapped-published", true);
+    block_matches(&block_config(4, 256), &[PleTiles::default()], "ple-block-overlapped-tiny", true, false);
+    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-overlapped-published", true, true);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ple_block_matches_the_reference_published_shape() {
-    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-published", false);
+    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-published", false, false);
+    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-published-after-a-write", false, true);
 }

@@ -3,13 +3,18 @@
 // Tiles: WARPS=8 SPLIT=4; 256 threads per block.
 //
 // For each stream s (d channels each), from `proj` = [key (n·d) | value (d)] (the two
-// projections of the gathered rows) and the residual streams x [n·d]:
+// projections of the gathered rows) and the residual streams x [n·d] (bf16, as the step keeps
+// them):
 //
+// - with `post`, the previous block's write first, as the mix sites do it: x_c ←
+//   bf16(fma(ω_s, y_i, x_c)) (`y` [d], `gains_prev` [n]); PLE's layer is where that write lands
+//   when the layer has PLE, so the mix site after it takes no post;
 // - a_s = ⟨ZC(key_s; norm_key), ZC(x_s; norm_query)⟩ / √d, g_s = σ(sign(a_s)·√max(|a_s|, 1e-6))
 //   (g_s = ½ when a_s = 0),
 // - gated_s = g_s · value, normed_s = ZC(gated_s; norm_conv),
 // - conv_c = w[c, K−1]·normed_c + Σ_{j<K−1} w[c, j]·state[depth − dilation·(K−1−j), c],
-// - `streams_out`_c = x_c + gated_c + SiLU(conv_c), and the state shifts by one, normed last.
+// - `streams_out`_c = bf16(x_c + gated_c + SiLU(conv_c)), and the state shifts by one, normed
+//   last.
 //
 // `conv_state` [depth = (K−1)·dilation, n·d] holds the previous normed values, oldest first.
 // Sums in f32; the ZC norms and the gate as `reference::ple` computes them.
@@ -17,13 +22,21 @@
 // Grid (n, SPLIT): every block reduces its stream's whole key, query and value (a few KB, read
 // by SPLIT blocks at once from L2) for the gate and the norm scales, then takes d / SPLIT
 // channels for the conv, the state and the output, so that the state's 9 rows spread over
-// n·SPLIT SMs. Each channel is one thread's alone: the state needs no barrier.
+// n·SPLIT SMs. Each channel is one thread's alone: the state needs no barrier. `streams_out`
+// must not overlap `streams_in`: every block reads its whole stream while the others write.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
 
 __device__ __forceinline__ float bf16_to_f32(bf16 v) {
     return __uint_as_float((unsigned)v.bits << 16);
+}
+
+// Round to nearest even; NaN stays NaN (the conversion instruction of sm_80 and later).
+__device__ __forceinline__ bf16 f32_to_bf16(float v) {
+    bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+    return r;
 }
 
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
@@ -51,30 +64,34 @@ __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
 
 extern "C" __global__ void __launch_bounds__(256) ple_gate_conv(
     const bf16* __restrict__ proj,
-    const float* __restrict__ streams_in,
+    const bf16* __restrict__ streams_in,
+    const bf16* __restrict__ y,
+    const float* __restrict__ gains_prev,
     const bf16* __restrict__ norm_key,
     const bf16* __restrict__ norm_query,
     const bf16* __restrict__ norm_conv,
     const bf16* __restrict__ conv_w,
     float* __restrict__ conv_state,
-    float* __restrict__ streams_out,
+    bf16* __restrict__ streams_out,
     const unsigned streams,
     const unsigned d,
     const unsigned kernel_size,
     const unsigned dilation,
-    const float eps)
+    const float eps,
+    const bool post)
 {
     __shared__ __align__(16) float scratch[8];
     const unsigned s = blockIdx.x;
     const unsigned nd = streams * d;
     const unsigned base = s * d;
+    const float omega = post ? gains_prev[s] : 0.0f;
     float kk = 0.0f;
     float qq = 0.0f;
     float kq = 0.0f;
     float vv = 0.0f;
     for (unsigned i = threadIdx.x; i < d; i += 256u) {
         const float k = bf16_to_f32(proj[base + i]);
-        const float q = streams_in[base + i];
+        const float q = post ? bf16_to_f32(f32_to_bf16(fmaf(omega, bf16_to_f32(y[i]), bf16_to_f32(streams_in[base + i])))) : bf16_to_f32(streams_in[base + i]);
         const float v = bf16_to_f32(proj[nd + i]);
         kk += k * k;
         qq += q * q;
@@ -102,7 +119,8 @@ extern "C" __global__ void __launch_bounds__(256) ple_gate_conv(
             const unsigned back = dilation * (kernel_size - 1u - j);
             acc += bf16_to_f32(conv_w[c * kernel_size + j]) * conv_state[(depth - back) * nd + c];
         }
-        streams_out[c] = streams_in[c] + (gated + silu(acc));
+        const float x = post ? bf16_to_f32(f32_to_bf16(fmaf(omega, bf16_to_f32(y[i]), bf16_to_f32(streams_in[c])))) : bf16_to_f32(streams_in[c]);
+        streams_out[c] = f32_to_bf16(x + (gated + silu(acc)));
         for (unsigned t = 0u; t < depth - 1u; ++t) {
             conv_state[t * nd + c] = conv_state[(t + 1u) * nd + c];
         }

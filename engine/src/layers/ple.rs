@@ -385,6 +385,18 @@ impl PleKernels {
     }
 }
 
+/// The residual streams a PLE block reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct PleStreams {
+    /// X, bf16 [n, d], before the previous block's write.
+    pub input: DevPtr<bf16>,
+    /// The previous block's output y [d] and its write gains [n], applied to X first; None when
+    /// the write was done before.
+    pub post: Option<(DevPtr<bf16>, DevPtr<f32>)>,
+    /// X + PLE(X), bf16 [n, d]; must not overlap `input`.
+    pub output: DevPtrMut<bf16>,
+}
+
 /// The three launches of one PLE layer after the ids: gather, projections, gate and conv.
 #[derive(Clone, Copy, Debug)]
 pub struct PleLaunches {
@@ -394,18 +406,21 @@ pub struct PleLaunches {
 }
 
 impl PleLaunches {
-    /// `streams_out` = `streams_in` + PLE(streams_in), for the PLE layer whose rows start at
-    /// `ids` (its `heads` ids among the step's) in `table`.
+    /// `streams_out` = X + PLE(X) in bf16, for the PLE layer whose rows start at `ids` (its
+    /// `heads` ids among the step's) in `table`, where X is `streams_in` after the previous
+    /// block's write when `post` = (y, its gains) is given (then the mix site after this block
+    /// takes none: the write happened here).
     pub fn new(
         w: &PleWeightsOnDevice,
         st: &mut PleStateOnDevice,
         s: &mut PleScratch,
         table: TableRows,
         ids: DevPtr<u64>,
-        streams_in: DevPtr<f32>,
-        streams_out: DevPtrMut<f32>,
+        io: PleStreams,
     ) -> PleLaunches {
         let sh = w.shape;
+        let PleStreams { input: streams_in, post, output: streams_out } = io;
+        let (y, gains_prev) = post.map_or((0, 0), |(y, g)| (y.addr(), g.addr()));
         PleLaunches {
             gather: Gather::new(table, ids, s.rows.ptr_mut(), sh.heads, sh.width),
             proj: gemv_bf16::Args {
@@ -420,6 +435,8 @@ impl PleLaunches {
             gate_conv: ple_gate_conv::Args {
                 proj: s.proj.ptr(),
                 streams_in,
+                y: DevPtr::from_addr(y),
+                gains_prev: DevPtr::from_addr(gains_prev),
                 norm_key: w.norm_key.ptr(),
                 norm_query: w.norm_query.ptr(),
                 norm_conv: w.norm_conv.ptr(),
@@ -431,6 +448,7 @@ impl PleLaunches {
                 kernel_size: sh.conv_kernel as u32,
                 dilation: sh.dilation as u32,
                 eps: sh.eps,
+                post: post.is_some(),
             },
         }
     }
@@ -439,7 +457,7 @@ impl PleLaunches {
     ///
     /// # Safety
     /// The buffers the launches were built from are alive; the table holds every row the ids can
-    /// address; `streams_in` and `streams_out` hold n·d values and do not overlap.
+    /// address; the streams' input and output hold n·d values and do not overlap.
     pub unsafe fn enqueue(&self, gpu: &Gpu, k: &PleKernels) -> Result<()> {
         // SAFETY: the caller's guarantees, and each buffer has the length its launch indexes.
         unsafe {
