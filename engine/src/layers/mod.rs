@@ -5,3 +5,4 @@ pub mod gdn;
 pub mod mix;
 pub mod moe;
 pub mod ple;
+pub mod qsa;
