@@ -259,7 +259,11 @@ fn case(gpu: &Gpu, rng: &mut Rng, sh: QsaShape, tiles: QsaTiles, context: usize,
                 sorted.sort_by(|a, b| b.total_cmp(a));
                 let kth = sorted[top - 1];
                 let scale = sorted[0].abs().max(1.0);
-                for b in got_blocks.iter().filter(|b| !want.contains(b)).chain(want.iter().filter(|b| !got_blocks.contains(b))) {
+                for b in got_blocks
+                    .iter()
+                    .filter(|b| !want.contains(b))
+                    .chain(want.iter().filter(|b| !got_blocks.contains(b)))
+                {
                     let gap = (want_scores[*b] - kth).abs();
                     assert!(
                         gap <= 1e-5 * scale,
