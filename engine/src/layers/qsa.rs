@@ -713,33 +713,11 @@ impl QsaLaunches {
     }
 }
 
-/// Enqueues one QSA pass at the position `ctx` holds: y = QSA(x), the caches appended; seven
-/// launches, nothing read back.
-///
-/// # Safety
-/// `x` and `y` must address `hidden` live bf16 elements on this device, not overlapping the
-/// weights, the context, the caches or the scratch; the context's position must have been set
-/// with [`QsaContext::set_position`].
-pub unsafe fn enqueue(
-    gpu: &Gpu,
-    k: &QsaKernels,
-    w: &QsaWeightsOnDevice,
-    ctx: &mut QsaContext,
-    caches: &mut QsaCaches,
-    s: &mut QsaScratch,
-    x: DevPtr<bf16>,
-    y: DevPtrMut<bf16>,
-) -> Result<()> {
-    let launches = QsaLaunches::new(k, w, ctx, caches, s, x, y)?;
-    // SAFETY: the buffers outlive the enqueue; the caller vouches for x, y and the position.
-    unsafe { launches.enqueue(gpu, k) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    pub(crate) const PUBLISHED: QsaShape = QsaShape {
+    const PUBLISHED: QsaShape = QsaShape {
         hidden: 2560,
         q_heads: 24,
         kv_heads: 2,
@@ -773,6 +751,21 @@ mod tests {
     fn default_tiles_fit_the_published_shape() {
         QsaTiles::default().check(PUBLISHED, PUBLISHED.capacity_for(131_072)).expect("default tiles");
         assert_eq!(QsaTiles::fitting(PUBLISHED), QsaTiles::default());
+    }
+
+    /// The small shapes of tests/gpu_qsa_layer.rs run at the tiles `fitting` picks.
+    #[test]
+    fn fitting_tiles_fit_small_shapes() {
+        let tiny =
+            QsaShape { hidden: 256, q_heads: 4, index_heads: 2, index_dim: 64, top: 4, rope_theta: 1e4, ..PUBLISHED };
+        let gqa3 = QsaShape { q_heads: 6, head_dim: 128, index_heads: 3, index_dim: 32, rotary: 32, top: 3, ..tiny };
+        for (sh, context) in [(tiny, 80), (tiny, 212), (gqa3, 61)] {
+            let t = QsaTiles::fitting(sh);
+            t.check(sh, sh.capacity_for(context)).unwrap_or_else(|e| panic!("{sh:?}: {e}"));
+        }
+        assert_eq!(QsaTiles::fitting(gqa3).attention.warps, 2);
+        assert_eq!(QsaTiles::fitting(gqa3).o_proj.k_split, 1);
+        assert_eq!(QsaTiles::fitting(tiny).o_proj.k_split, 4);
     }
 
     #[test]
