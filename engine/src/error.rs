@@ -25,6 +25,12 @@ pub enum Error {
     Launch(LaunchError),
     /// A buffer is too small for what was asked of it.
     Buffer(String),
+    /// A token would need more context than the caches were sized for at load: `needed` tokens
+    /// of cache against `capacity`.
+    ContextTooLong {
+        needed: usize,
+        capacity: usize,
+    },
     Io {
         path: String,
         error: std::io::Error,
@@ -47,6 +53,10 @@ impl fmt::Display for Error {
             Error::Specialize(e) => e.fmt(f),
             Error::Launch(e) => e.fmt(f),
             Error::Buffer(m) => f.write_str(m),
+            Error::ContextTooLong { needed, capacity } => write!(
+                f,
+                "the context needs {needed} tokens of cache but it was sized for {capacity} at load (load with a longer context)"
+            ),
             Error::Io { path, error } => write!(f, "{path}: {error}"),
         }
     }

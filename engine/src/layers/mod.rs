@@ -6,3 +6,4 @@ pub mod lm_head;
 pub mod mix;
 pub mod moe;
 pub mod ple;
+pub mod qsa;

@@ -101,7 +101,30 @@ pub fn gated_attention(
     o
 }
 
+/// One step of [`qsa`] with what it decided along the way, for tests that look inside.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QsaTrace {
+    /// The layer's output.
+    pub y: Vec<f32>,
+    /// The index queries after norm and RoPE [H_I][d_I].
+    pub index_q: Vec<Vec<f32>>,
+    /// The tokens attended to, as [`selection`] gives them.
+    pub tokens: Vec<usize>,
+}
+
 pub fn qsa(x: &[f32], pos: usize, w: &QsaWeights, cfg: &ModelConfig, rope: &Rope, st: &mut QsaState) -> Vec<f32> {
+    qsa_traced(x, pos, w, cfg, rope, st).y
+}
+
+/// [`qsa`], returning its index queries and the tokens it attended to besides its output.
+pub fn qsa_traced(
+    x: &[f32],
+    pos: usize,
+    w: &QsaWeights,
+    cfg: &ModelConfig,
+    rope: &Rope,
+    st: &mut QsaState,
+) -> QsaTrace {
     let eps = cfg.rms_norm_eps;
     let (hq, hkv, dh) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let (hi, di, c) = (cfg.indexer_heads, cfg.indexer_head_dim, cfg.indexer_block);
@@ -150,7 +173,7 @@ pub fn qsa(x: &[f32], pos: usize, w: &QsaWeights, cfg: &ModelConfig, rope: &Rope
         gate.extend_from_slice(&qg[base + dh..base + 2 * dh]);
     }
     let o = gated_attention(&q, &gate, &st.keys, &st.values, &selected, hkv);
-    w.o.apply(&o)
+    QsaTrace { y: w.o.apply(&o), index_q, tokens: selected }
 }
 
 #[cfg(test)]

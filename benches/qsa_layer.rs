@@ -1,0 +1,273 @@
+//! The whole QSA layer (engine::layers::qsa: the stacked projection GEMV, prepare, block scores,
+//! top-k, attention, combine, o_proj: seven launches) at the published shape (d 2560, 24 query
+//! heads on 2 key/value heads of 256, 4 index heads of 128, blocks of 4, 512 blocks kept, bf16
+//! weights), decoding the last token of a 32k and of a 128k context.
+//!
+//! 12 layers (the model's count) with distinct weights and caches (filled on the device with
+//! random bits: ~5.5 GB at 128k, far beyond the 60 MB L2, so each layer reads its weights, pooled
+//! keys and selected K/V from DRAM), one scratch, one graph of 84 launches replayed; and each of
+//! the seven launches alone (a graph of its 12 launches). The position sits in the context's
+//! device word, as in a decode step.
+//!
+//! Each line gives the time per layer (median, p10, p90 of the replays), the bytes it must move
+//! (`QsaShape::layer_bytes`: weights, x and y, the cache appends, every complete block's pooled
+//! key, the scores written and read, the selected tokens' K and V), the floor at 4.27 TB/s and
+//! the fraction reached, and the GB10 projection of the same bytes at 230 GB/s (a projection, not
+//! a measurement). Lines go to stdout and to $OUT/bench-qsa-layer.jsonl (or target/).
+
+use std::io::Write;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel};
+use engine::layers::qsa::{
+    QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice, Stage,
+};
+use flashnext::bench::replay_times_with;
+use flashnext::rng::Rng;
+use half::bf16;
+use kernel_dsl::{DevPtrMut, TileSet};
+use kernel_macros::kernel;
+
+const SHAPE: QsaShape = QsaShape {
+    hidden: 2560,
+    q_heads: 24,
+    kv_heads: 2,
+    head_dim: 256,
+    index_heads: 4,
+    index_dim: 128,
+    rotary: 64,
+    block_tokens: 4,
+    top: 512,
+    eps: 1e-6,
+    rope_theta: 1e7,
+};
+const LAYERS: usize = 12;
+const CONTEXTS: [usize; 2] = [32_768, 131_072];
+const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
+const GB10_STREAMING_BYTES_PER_S: f64 = 230e9;
+
+/// Fills words with a hash of (seed, index), masked: random bits at device speed.
+#[kernel(block = 256, grid = div_ceil(n, 256))]
+fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
+    let i = block_idx() * 256 + thread_idx();
+    if i < n {
+        let mut z = i * 0x9e3779b9 + seed;
+        z = (z ^ (z >> 16)) * 0x85ebca6b;
+        z = (z ^ (z >> 13)) * 0xc2b2ae35;
+        z = z ^ (z >> 16);
+        out[i] = (z & and_mask) | or_mask;
+    }
+}
+
+fn fill<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    k: &LoadedKernel<fill_bits::Kernel>,
+    buf: &mut DeviceBuffer<T>,
+    seed: u32,
+    and_mask: u32,
+    or_mask: u32,
+) {
+    let words = (buf.size_bytes() / 4) as u32;
+    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
+    // SAFETY: the buffer holds at least `words` 4-byte words.
+    unsafe { k.launch(gpu, &args) }.expect("fill");
+}
+
+/// Random bf16 pairs with exponents near 2^-6, random signs and mantissas.
+fn fill_bf16(gpu: &Gpu, k: &LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuffer<bf16>, seed: u32) {
+    fill(gpu, k, buf, seed, 0x807f_807f, 0x3c80_3c80);
+}
+
+/// Random f32 of magnitude in [0.5, 1), random signs.
+fn fill_f32(gpu: &Gpu, k: &LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuffer<f32>, seed: u32) {
+    fill(gpu, k, buf, seed, 0x807f_ffff, 0x3f00_0000);
+}
+
+fn layer_weights(gpu: &Gpu, fk: &LoadedKernel<fill_bits::Kernel>, rng: &mut Rng, seed: u32) -> QsaWeightsOnDevice {
+    let sh = SHAPE;
+    let mut w = QsaWeightsOnDevice {
+        shape: sh,
+        in_proj: gpu.alloc(sh.in_rows() * sh.hidden).expect("alloc"),
+        o_proj: gpu.alloc(sh.hidden * sh.attn_dim()).expect("alloc"),
+        q_norm: gpu.upload(&rng.bf16_normal(sh.head_dim, 0.2)).expect("norm"),
+        k_norm: gpu.upload(&rng.bf16_normal(sh.head_dim, 0.2)).expect("norm"),
+        index_q_norm: gpu.upload(&rng.bf16_normal(sh.index_dim, 0.2)).expect("norm"),
+        index_k_norm: gpu.upload(&rng.bf16_normal(sh.index_dim, 0.2)).expect("norm"),
+    };
+    fill_bf16(gpu, fk, &mut w.in_proj, seed);
+    fill_bf16(gpu, fk, &mut w.o_proj, seed + 1);
+    w
+}
+
+struct Sink {
+    copy_bw: f64,
+    device: String,
+    jsonl: Option<std::fs::File>,
+}
+
+impl Sink {
+    fn record(&mut self, what: &str, t: (f64, f64, f64), bytes: usize) {
+        let (median, p10, p90) = t;
+        let rate = bytes as f64 / median;
+        println!(
+            "qsa-layer {what}: {:.2} us/layer (p10 {:.2}, p90 {:.2}), {:.2} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s (floor {:.2} us), {:.1}% of measured copy BW; GB10 projection {:.1} us at 230 GB/s",
+            median * 1e6,
+            p10 * 1e6,
+            p90 * 1e6,
+            bytes as f64 / 1e6,
+            rate / 1e9,
+            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
+            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
+            100.0 * rate / self.copy_bw,
+            bytes as f64 / GB10_STREAMING_BYTES_PER_S * 1e6,
+        );
+        if let Some(f) = self.jsonl.as_mut() {
+            let _ = writeln!(
+                f,
+                "{{\"bench\":\"qsa-layer\",\"what\":\"{what}\",\"device\":\"{}\",\"us\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"copy_bw\":{:.0}}}",
+                self.device,
+                median * 1e6,
+                p10 * 1e6,
+                p90 * 1e6,
+                self.copy_bw
+            );
+        }
+    }
+}
+
+/// One graph of `stages` of every layer, layer by layer.
+fn capture(gpu: &Gpu, launches: &[QsaLaunches], k: &QsaKernels, stages: &[Stage]) -> Graph {
+    gpu.capture(|| {
+        for l in launches {
+            for &s in stages {
+                // SAFETY: every buffer behind the launches lives until the graphs are dropped;
+                // x and y are per layer, apart from the rest; the position is below the capacity.
+                unsafe { l.enqueue_stage(gpu, k, s) }?;
+            }
+        }
+        Ok(())
+    })
+    .expect("capture")
+}
+
+/// Bytes one launch alone must move, roughly: its big reads.
+fn stage_bytes(stage: Stage, position: usize) -> usize {
+    let sh = SHAPE;
+    let complete = (position + 1) / sh.block_tokens;
+    let attended = complete.min(sh.top) * sh.block_tokens + (position + 1 - complete * sh.block_tokens);
+    match stage {
+        Stage::InProj => 2 * (sh.in_rows() * sh.hidden + sh.hidden + sh.in_rows()),
+        Stage::BlockScores => 4 * (complete * sh.index_dim + complete),
+        Stage::Attention => 2 * 2 * attended * sh.kv_dim(),
+        Stage::OProj => 2 * (sh.hidden * sh.attn_dim() + sh.attn_dim() + sh.hidden),
+        Stage::Prepare | Stage::TopBlocks | Stage::Combine => 0,
+    }
+}
+
+fn bench_qsa_layer(c: &mut Criterion) {
+    let gpu = match Gpu::open(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("qsa layer bench skipped: {e}");
+            return;
+        }
+    };
+    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
+    let device = gpu.info().name.clone();
+    println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-qsa-layer.jsonl")).ok();
+    let mut sink = Sink { copy_bw, device, jsonl };
+    let mut rng = Rng::fresh("qsa layer bench");
+    let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("compile");
+    let tiles = QsaTiles::default();
+    let k = QsaKernels::load(&gpu, tiles).expect("kernels");
+    let weights: Vec<QsaWeightsOnDevice> =
+        (0..LAYERS).map(|l| layer_weights(&gpu, &fk, &mut rng, 100 * l as u32 + 1)).collect();
+    let mut xs: Vec<DeviceBuffer<bf16>> = (0..LAYERS).map(|_| gpu.alloc(SHAPE.hidden).expect("x")).collect();
+    let mut ys: Vec<DeviceBuffer<bf16>> = (0..LAYERS).map(|_| gpu.alloc(SHAPE.hidden).expect("y")).collect();
+    for (l, x) in xs.iter_mut().enumerate() {
+        // Inputs of magnitude ~1 (exponents 2^0 with random signs and mantissas).
+        fill(&gpu, &fk, x, 7 + l as u32, 0x807f_807f, 0x3f80_3f80);
+    }
+    println!(
+        "QSA layer, published shape: {:.1} MB of bf16 weights a layer, tiles {tiles:?}",
+        SHAPE.weight_bytes() as f64 / 1e6
+    );
+
+    let mut group = c.benchmark_group("qsa-layer");
+    group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    for context in CONTEXTS {
+        let position = context - 1;
+        let mut ctx = QsaContext::new(&gpu, SHAPE, context).expect("context");
+        ctx.set_position(&gpu, position).expect("position");
+        let mut scratch = QsaScratch::new(&gpu, SHAPE, &ctx).expect("scratch");
+        let mut caches: Vec<QsaCaches> = (0..LAYERS)
+            .map(|l| {
+                let mut c = QsaCaches::new(&gpu, SHAPE, &ctx).expect("caches");
+                let seed = 1000 * (l as u32 + 1) + context as u32;
+                fill_bf16(&gpu, &fk, &mut c.k, seed);
+                fill_bf16(&gpu, &fk, &mut c.v, seed + 1);
+                fill_f32(&gpu, &fk, &mut c.index_keys, seed + 2);
+                fill_f32(&gpu, &fk, &mut c.block_keys, seed + 3);
+                c
+            })
+            .collect();
+        let launches: Vec<QsaLaunches> = (0..LAYERS)
+            .map(|l| {
+                QsaLaunches::new(&k, &weights[l], &mut ctx, &mut caches[l], &mut scratch, xs[l].ptr(), ys[l].ptr_mut())
+                    .expect("launches")
+            })
+            .collect();
+        gpu.synchronize().expect("fills");
+
+        let whole = capture(&gpu, &launches, &k, &Stage::ALL);
+        let t = replay_times_with(&gpu, &whole, 30, LAYERS, || {});
+        let bytes = SHAPE.layer_bytes(position);
+        let count = gpu.download(&scratch.count).expect("count")[0];
+        sink.record(
+            &format!(
+                "whole layer at {}k tokens ({count} blocks selected, {LAYERS} layers, 7 launches each)",
+                context / 1024
+            ),
+            t,
+            bytes,
+        );
+        group.throughput(Throughput::Bytes((bytes * LAYERS) as u64));
+        group.bench_function(format!("layer/{}k/{LAYERS}-layers", context / 1024), |b| {
+            let timer = EventTimer::new(&gpu).expect("events");
+            b.iter_custom(|iters| {
+                timer.start(&gpu).expect("start");
+                for _ in 0..iters {
+                    whole.launch().expect("replay");
+                }
+                timer.stop(&gpu).expect("stop")
+            })
+        });
+        drop(whole);
+
+        for stage in Stage::ALL {
+            let g = capture(&gpu, &launches, &k, &[stage]);
+            let t = replay_times_with(&gpu, &g, 30, LAYERS, || {});
+            let bytes = stage_bytes(stage, position);
+            if bytes == 0 {
+                println!(
+                    "qsa-layer {stage:?} at {}k tokens: {:.2} us/layer (p10 {:.2}, p90 {:.2})",
+                    context / 1024,
+                    t.0 * 1e6,
+                    t.1 * 1e6,
+                    t.2 * 1e6
+                );
+            } else {
+                sink.record(&format!("{stage:?} alone at {}k tokens", context / 1024), t, bytes);
+            }
+        }
+        gpu.synchronize().expect("sync");
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_qsa_layer);
+criterion_main!(benches);
