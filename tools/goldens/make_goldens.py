@@ -24,6 +24,11 @@ Models:
                      `model.language_model.` names, two shards with an index.
   tiny-sparse-nvfp4  tiny-sparse with its linear weights quantised to NVFP4 (ModelOpt layout); the
                      goldens are computed on the dequantised weights.
+  tiny-step          a geometry every GPU kernel of the step takes at its tiny tiles (hidden 256,
+                     head sizes of 64 and 128, 16-aligned intermediates): the model the whole decode
+                     step on the device is checked against. QSA budget of 3 blocks, PLE on layer 2.
+
+`--only NAME` makes one model and leaves the others as they are.
 Every parameter gets real random values (norm weights and convs are zero at init, which would hide
 bugs).
 """
@@ -105,6 +110,43 @@ TINY_DENSE = dict(
     indexer_compress_ratio=4,
     eos_token_id=EOS,
     rms_norm_eps=1e-5,
+)
+
+# The published model's shape rules at a tiny size: hidden a multiple of 256 (the GEMVs' 16-byte
+# lanes over a warp), GDN heads of 64 with three value heads per key head, QSA heads of 128 with
+# 32 rotary dims and index heads of 32, intermediates multiples of 16 (NVFP4 blocks).
+TINY_STEP = dict(
+    vocab_size=512,
+    hidden_size=256,
+    num_hidden_layers=3,
+    layer_types=["linear_attention", "qwen_sparse_attention", "linear_attention"],
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=128,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    linear_num_key_heads=1,
+    linear_num_value_heads=3,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+    output_gate_type="sigmoid",
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=64,
+    hc_count=4,
+    hc_lowrank=32,
+    ple_layer_ids=[2],
+    ple_embed_dim=256,
+    ngram_vocab_size_base=1000,
+    split_ngram_parts=4,
+    indexer_n_heads=3,
+    indexer_kv_heads=1,
+    indexer_head_dim=32,
+    indexer_budget=12,
+    indexer_compress_ratio=4,
+    eos_token_id=EOS,
+    rms_norm_eps=1e-6,
 )
 
 
@@ -325,6 +367,7 @@ def as_vision_language(out_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tests/data", help="where the model folders go")
+    ap.add_argument("--only", help="make this model only (tiny-sparse, tiny-dense or tiny-step)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -340,7 +383,11 @@ def main():
             "new_tokens": NEW_TOKENS,
         }
 
-    plan = [("tiny-sparse", TINY_SPARSE, 11), ("tiny-dense", TINY_DENSE, 12)]
+    plan = [("tiny-sparse", TINY_SPARSE, 11), ("tiny-dense", TINY_DENSE, 12), ("tiny-step", TINY_STEP, 13)]
+    if args.only:
+        plan = [p for p in plan if p[0] == args.only]
+        if not plan:
+            ap.error(f"--only: no model named {args.only}")
     for name, cfg, first_seed in plan:
         out = os.path.join(args.out, name)
         for seed in range(first_seed, first_seed + 1000, 100):
