@@ -210,16 +210,18 @@ impl MixWeightsOnDevice {
     }
 }
 
-/// What a site writes between its two launches. The counter must be zero before the first site;
-/// every site leaves it zero, so one scratch serves every site of a step.
+/// What a site writes between its two launches. One scratch serves every site of a step: the
+/// NVFP4 counter must be zero before the first site, and every site leaves it zero; the bf16
+/// launches use the partials and the scales only.
 #[derive(Debug)]
 pub struct MixScratch {
-    /// Launch 1's per-split sums [K_SPLIT, r + n].
+    /// Launch 1's partial sums [n (bf16) or K_SPLIT (NVFP4), r + n].
     pub partial: DeviceBuffer<f32>,
-    /// Σ X'² per split [K_SPLIT].
+    /// Σ X'² per split [K_SPLIT] (NVFP4).
     pub sum_sq: DeviceBuffer<f32>,
+    /// The NVFP4 launch 1's arrival counter.
     pub counter: DeviceBuffer<u32>,
-    /// SiLU(W_down·X̂ / n) [r].
+    /// SiLU(W_down·X̂ / n) [r] (NVFP4; the bf16 launch 2 keeps u in shared memory).
     pub u: DeviceBuffer<f32>,
     /// Each stream's RMS scale [n].
     pub scale: DeviceBuffer<f32>,
@@ -228,8 +230,8 @@ pub struct MixScratch {
 impl MixScratch {
     /// Scratch for any site of `shape` at any tiles.
     pub fn new(gpu: &Gpu, shape: MixShape) -> Result<MixScratch> {
-        let splits = max_candidate(&mix_down_bf16::Tiles::candidates(), |t| t.k_split as usize)
-            .max(max_candidate(&mix_down_nvfp4::Tiles::candidates(), |t| t.k_split as usize));
+        // The bf16 launch 1 writes one partial a stream; the NVFP4 one, one a split.
+        let splits = shape.streams.max(max_candidate(&mix_down_nvfp4::Tiles::candidates(), |t| t.k_split as usize));
         Ok(MixScratch {
             partial: gpu.alloc(splits * (shape.rank + shape.streams))?,
             sum_sq: gpu.alloc(splits)?,
@@ -336,6 +338,7 @@ struct Addresses {
     /// W_up likewise.
     up: [u64; 2],
     scale2: u64,
+    /// The scratch (the bf16 launches use the partials and the scales only).
     partial: u64,
     sum_sq: u64,
     counter: u64,
@@ -465,10 +468,6 @@ impl MixLaunches {
                     norm: r(a.norm),
                     proj: r(a.proj[0]),
                     partial: w(a.partial),
-                    sum_sq: w(a.sum_sq),
-                    counter: w(a.counter),
-                    u: w(a.u),
-                    gains: w(a.gains),
                     scale: w(a.scale),
                     n,
                     d,
@@ -483,19 +482,22 @@ impl MixLaunches {
                     gains_prev: r(a.gains_prev),
                     norm: r(a.norm),
                     up: r(a.up[0]),
-                    u: r(a.u),
+                    partial: r(a.partial),
                     scale: r(a.scale),
                     x: w(a.x),
+                    gains: w(a.gains),
                     n,
                     d,
                     rank,
+                    inject,
                     post,
                 }),
             }
         }
     }
 
-    /// Enqueues one of the two launches.
+    /// Enqueues one of the two launches. The bf16 launches overlap their predecessors
+    /// (programmatic dependent launch): each streams its weights while the kernel before it runs.
     ///
     /// # Safety
     /// The launches were built by [`MixLaunches::new`] from buffers that are still alive; the
