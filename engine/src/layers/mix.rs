@@ -210,19 +210,11 @@ impl MixWeightsOnDevice {
     }
 }
 
-/// What a site writes between its two launches. One scratch serves every site of a step: the
-/// NVFP4 counter must be zero before the first site, and every site leaves it zero; the bf16
-/// launches use the partials and the scales only.
+/// What a site writes between its two launches; one scratch serves every site of a step.
 #[derive(Debug)]
 pub struct MixScratch {
-    /// Launch 1's partial sums [n (bf16) or K_SPLIT (NVFP4), r + n].
+    /// Launch 1's per-stream partial sums [n, r + n], each times its stream's RMS scale.
     pub partial: DeviceBuffer<f32>,
-    /// Σ X'² per split [K_SPLIT] (NVFP4).
-    pub sum_sq: DeviceBuffer<f32>,
-    /// The NVFP4 launch 1's arrival counter.
-    pub counter: DeviceBuffer<u32>,
-    /// SiLU(W_down·X̂ / n) [r] (NVFP4; the bf16 launch 2 keeps u in shared memory).
-    pub u: DeviceBuffer<f32>,
     /// Each stream's RMS scale [n].
     pub scale: DeviceBuffer<f32>,
 }
@@ -230,20 +222,8 @@ pub struct MixScratch {
 impl MixScratch {
     /// Scratch for any site of `shape` at any tiles.
     pub fn new(gpu: &Gpu, shape: MixShape) -> Result<MixScratch> {
-        // The bf16 launch 1 writes one partial a stream; the NVFP4 one, one a split.
-        let splits = shape.streams.max(max_candidate(&mix_down_nvfp4::Tiles::candidates(), |t| t.k_split as usize));
-        Ok(MixScratch {
-            partial: gpu.alloc(splits * (shape.rank + shape.streams))?,
-            sum_sq: gpu.alloc(splits)?,
-            counter: gpu.alloc(1)?,
-            u: gpu.alloc(shape.rank)?,
-            scale: gpu.alloc(shape.streams)?,
-        })
+        Ok(MixScratch { partial: gpu.alloc(shape.streams * shape.proj_rows())?, scale: gpu.alloc(shape.streams)? })
     }
-}
-
-fn max_candidate<T>(candidates: &[T], f: impl Fn(&T) -> usize) -> usize {
-    candidates.iter().map(f).max().unwrap_or(1)
 }
 
 /// The mix kernels, compiled for one device at chosen tiles.
@@ -338,11 +318,7 @@ struct Addresses {
     /// W_up likewise.
     up: [u64; 2],
     scale2: u64,
-    /// The scratch (the bf16 launches use the partials and the scales only).
     partial: u64,
-    sum_sq: u64,
-    counter: u64,
-    u: u64,
     scale: u64,
 }
 
@@ -398,9 +374,6 @@ impl MixLaunches {
             up,
             scale2,
             partial: s.partial.ptr_mut().addr(),
-            sum_sq: s.sum_sq.ptr_mut().addr(),
-            counter: s.counter.ptr_mut().addr(),
-            u: s.u.ptr_mut().addr(),
             scale: s.scale.ptr_mut().addr(),
         };
         let mut l = MixLaunches::build(w.shape, &a, w.is_nvfp4(), io.post.is_some());
@@ -430,10 +403,6 @@ impl MixLaunches {
                     scales: r(a.proj[1]),
                     scale2: r(a.scale2),
                     partial: w(a.partial),
-                    sum_sq: w(a.sum_sq),
-                    counter: w(a.counter),
-                    u: w(a.u),
-                    gains: w(a.gains),
                     scale: w(a.scale),
                     n,
                     d,
@@ -450,12 +419,14 @@ impl MixLaunches {
                     packed: r(a.up[0]),
                     scales: r(a.up[1]),
                     scale2: r(a.scale2),
-                    u: r(a.u),
+                    partial: r(a.partial),
                     scale: r(a.scale),
                     x: w(a.x),
+                    gains: w(a.gains),
                     n,
                     d,
                     rank,
+                    inject,
                     post,
                 }),
             }
@@ -496,8 +467,8 @@ impl MixLaunches {
         }
     }
 
-    /// Enqueues one of the two launches. The bf16 launches overlap their predecessors
-    /// (programmatic dependent launch): each streams its weights while the kernel before it runs.
+    /// Enqueues one of the two launches. The launches overlap their predecessors (programmatic
+    /// dependent launch): each streams its weights while the kernel before it runs.
     ///
     /// # Safety
     /// The launches were built by [`MixLaunches::new`] from buffers that are still alive; the
