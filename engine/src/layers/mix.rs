@@ -1,6 +1,7 @@
 //! One Gated Residual site on the device (`hc_pre_attn`, `hc_pre_ffn` or `hc_head`), with the
 //! previous block's write (`hc_post`) folded in: its weights as the kernels read them, its
-//! scratch, and its two launches.
+//! scratch, and its two launches, which overlap their predecessors (each streams its weights
+//! into registers while the kernel before it runs; `engine::kernels::mix` says how).
 //!
 //! Where the write went: a block's output y is not added to the residual streams by a launch of
 //! its own, nor by its producer. The next mix site takes y and the previous site's gains and
