@@ -5,8 +5,8 @@
 //! launches per site counted as they are captured. Each of the two kernels is also timed alone,
 //! and every candidate tile set of each.
 //!
-//! The bf16 kernels launch overlapped (each starts before its predecessor ends and streams its
-//! weights meanwhile); FLASHNEXT_NO_PDL=1 times them as plain launches, for comparison.
+//! The kernels launch overlapped (each starts before its predecessor ends and streams its weights
+//! meanwhile); FLASHNEXT_NO_PDL=1 times them as plain launches, for comparison.
 //!
 //! Lines go to stdout and to $OUT/bench-mix.jsonl (or target/bench-mix.jsonl).
 
