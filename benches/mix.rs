@@ -5,6 +5,9 @@
 //! launches per site counted as they are captured. Each of the two kernels is also timed alone,
 //! and every candidate tile set of each.
 //!
+//! The kernels launch overlapped (each starts before its predecessor ends and streams its weights
+//! meanwhile); FLASHNEXT_NO_PDL=1 times them as plain launches, for comparison.
+//!
 //! Lines go to stdout and to $OUT/bench-mix.jsonl (or target/bench-mix.jsonl).
 
 use std::io::Write;
@@ -125,6 +128,7 @@ fn bench_mix(c: &mut Criterion) {
     let mut rng = Rng::fresh("mix bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
     let kernels = MixKernels::load(&gpu, MixTiles::default()).expect("compile");
+    println!("launches overlapped: {}; default tiles {:?}", gpu.overlaps_launches(), MixTiles::default());
 
     let mut group = c.benchmark_group("mix");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
@@ -189,11 +193,12 @@ fn bench_mix(c: &mut Criterion) {
         if let Some(f) = jsonl.as_mut() {
             let _ = writeln!(
                 f,
-                "{{\"bench\":\"mix\",\"format\":\"{format}\",\"device\":\"{name}\",\"us_per_site\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"launches_per_site\":{per_site_launches},\"copy_bw\":{copy_bw:.0},\"gb10_projection_us\":{:.2}}}",
+                "{{\"bench\":\"mix\",\"format\":\"{format}\",\"device\":\"{name}\",\"us_per_site\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"launches_per_site\":{per_site_launches},\"copy_bw\":{copy_bw:.0},\"gb10_projection_us\":{:.2},\"overlapped\":{}}}",
                 per_site * 1e6,
                 p10 / SITES as f64 * 1e6,
                 p90 / SITES as f64 * 1e6,
-                gb10 * 1e6
+                gb10 * 1e6,
+                gpu.overlaps_launches()
             );
         }
         group.throughput(Throughput::Bytes((bytes * SITES) as u64));

@@ -1,6 +1,7 @@
 //! One Gated Residual site on the device (`hc_pre_attn`, `hc_pre_ffn` or `hc_head`), with the
 //! previous block's write (`hc_post`) folded in: its weights as the kernels read them, its
-//! scratch, and its two launches.
+//! scratch, and its two launches, which overlap their predecessors (each streams its weights
+//! into registers while the kernel before it runs; `engine::kernels::mix` says how).
 //!
 //! Where the write went: a block's output y is not added to the residual streams by a launch of
 //! its own, nor by its producer. The next mix site takes y and the previous site's gains and
@@ -210,17 +211,11 @@ impl MixWeightsOnDevice {
     }
 }
 
-/// What a site writes between its two launches. The counter must be zero before the first site;
-/// every site leaves it zero, so one scratch serves every site of a step.
+/// What a site writes between its two launches; one scratch serves every site of a step.
 #[derive(Debug)]
 pub struct MixScratch {
-    /// Launch 1's per-split sums [K_SPLIT, r + n].
+    /// Launch 1's per-stream partial sums [n, r + n], each times its stream's RMS scale.
     pub partial: DeviceBuffer<f32>,
-    /// Σ X'² per split [K_SPLIT].
-    pub sum_sq: DeviceBuffer<f32>,
-    pub counter: DeviceBuffer<u32>,
-    /// SiLU(W_down·X̂ / n) [r].
-    pub u: DeviceBuffer<f32>,
     /// Each stream's RMS scale [n].
     pub scale: DeviceBuffer<f32>,
 }
@@ -228,20 +223,8 @@ pub struct MixScratch {
 impl MixScratch {
     /// Scratch for any site of `shape` at any tiles.
     pub fn new(gpu: &Gpu, shape: MixShape) -> Result<MixScratch> {
-        let splits = max_candidate(&mix_down_bf16::Tiles::candidates(), |t| t.k_split as usize)
-            .max(max_candidate(&mix_down_nvfp4::Tiles::candidates(), |t| t.k_split as usize));
-        Ok(MixScratch {
-            partial: gpu.alloc(splits * (shape.rank + shape.streams))?,
-            sum_sq: gpu.alloc(splits)?,
-            counter: gpu.alloc(1)?,
-            u: gpu.alloc(shape.rank)?,
-            scale: gpu.alloc(shape.streams)?,
-        })
+        Ok(MixScratch { partial: gpu.alloc(shape.streams * shape.proj_rows())?, scale: gpu.alloc(shape.streams)? })
     }
-}
-
-fn max_candidate<T>(candidates: &[T], f: impl Fn(&T) -> usize) -> usize {
-    candidates.iter().map(f).max().unwrap_or(1)
 }
 
 /// The mix kernels, compiled for one device at chosen tiles.
@@ -337,9 +320,6 @@ struct Addresses {
     up: [u64; 2],
     scale2: u64,
     partial: u64,
-    sum_sq: u64,
-    counter: u64,
-    u: u64,
     scale: u64,
 }
 
@@ -395,9 +375,6 @@ impl MixLaunches {
             up,
             scale2,
             partial: s.partial.ptr_mut().addr(),
-            sum_sq: s.sum_sq.ptr_mut().addr(),
-            counter: s.counter.ptr_mut().addr(),
-            u: s.u.ptr_mut().addr(),
             scale: s.scale.ptr_mut().addr(),
         };
         let mut l = MixLaunches::build(w.shape, &a, w.is_nvfp4(), io.post.is_some());
@@ -427,10 +404,6 @@ impl MixLaunches {
                     scales: r(a.proj[1]),
                     scale2: r(a.scale2),
                     partial: w(a.partial),
-                    sum_sq: w(a.sum_sq),
-                    counter: w(a.counter),
-                    u: w(a.u),
-                    gains: w(a.gains),
                     scale: w(a.scale),
                     n,
                     d,
@@ -447,12 +420,14 @@ impl MixLaunches {
                     packed: r(a.up[0]),
                     scales: r(a.up[1]),
                     scale2: r(a.scale2),
-                    u: r(a.u),
+                    partial: r(a.partial),
                     scale: r(a.scale),
                     x: w(a.x),
+                    gains: w(a.gains),
                     n,
                     d,
                     rank,
+                    inject,
                     post,
                 }),
             }
@@ -465,10 +440,6 @@ impl MixLaunches {
                     norm: r(a.norm),
                     proj: r(a.proj[0]),
                     partial: w(a.partial),
-                    sum_sq: w(a.sum_sq),
-                    counter: w(a.counter),
-                    u: w(a.u),
-                    gains: w(a.gains),
                     scale: w(a.scale),
                     n,
                     d,
@@ -483,19 +454,22 @@ impl MixLaunches {
                     gains_prev: r(a.gains_prev),
                     norm: r(a.norm),
                     up: r(a.up[0]),
-                    u: r(a.u),
+                    partial: r(a.partial),
                     scale: r(a.scale),
                     x: w(a.x),
+                    gains: w(a.gains),
                     n,
                     d,
                     rank,
+                    inject,
                     post,
                 }),
             }
         }
     }
 
-    /// Enqueues one of the two launches.
+    /// Enqueues one of the two launches. The launches overlap their predecessors (programmatic
+    /// dependent launch): each streams its weights while the kernel before it runs.
     ///
     /// # Safety
     /// The launches were built by [`MixLaunches::new`] from buffers that are still alive; the
