@@ -123,7 +123,6 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
             const unsigned goal = arrived - arrived % 128u + 128u;
             while (ld_acquire(scratch + 6144u) - goal >= 2147483648u) {
             }
-            __threadfence();
         }
         __syncthreads();
         #pragma unroll
@@ -225,7 +224,6 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
         const unsigned goal_1 = arrived_1 - arrived_1 % 128u + 128u;
         while (ld_acquire(scratch + 6144u) - goal_1 >= 2147483648u) {
         }
-        __threadfence();
     }
     __syncthreads();
     if (threadIdx.x >> 5 == 0u) {

@@ -143,7 +143,10 @@ pub fn qsa_top_blocks_grid(
             }
         }
 
-        // Grid barrier: every block's counts are in the global histogram past it.
+        // Grid barrier: every block's counts are in the global histogram past it. The block's
+        // atomics, then (after the block barrier) thread 0's fence and arrival release them; its
+        // acquire load of the counter, then the block barrier, order every thread's reads after
+        // the other blocks' releases.
         sync_threads();
         if tid == 0 {
             thread_fence();
@@ -151,7 +154,6 @@ pub fn qsa_top_blocks_grid(
             let goal = arrived - arrived % 128 + 128;
             // Until the counter reaches the goal (a wrapping difference: u32 wrap-around is fine).
             while load_acquire(scratch, 6144) - goal >= 0x80000000 {}
-            thread_fence();
         }
         sync_threads();
         #[unroll]
@@ -261,7 +263,6 @@ pub fn qsa_top_blocks_grid(
         let arrived = atomic_add(scratch, 6144, 128 / BLOCKS);
         let goal = arrived - arrived % 128 + 128;
         while load_acquire(scratch, 6144) - goal >= 0x80000000 {}
-        thread_fence();
     }
     sync_threads();
 
