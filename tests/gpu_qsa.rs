@@ -128,9 +128,14 @@ struct GridTopK {
     count: DeviceBuffer<u32>,
 }
 
-/// The multi-block top-k's capacity: 131,072 scores, so that n = 100,000 fits (the most the
-/// 32-block tile set takes: 32 × 4096).
+/// The multi-block top-k's score buffers: 131,072 scores. A tile set's capacity is the most it
+/// takes (BLOCKS·THREADS·8) up to that; n past it is clamped, as the kernel clamps it.
 const GRID_CAPACITY: usize = 131_072;
+
+/// The capacity a tile set is launched with.
+fn grid_capacity(tiles: qsa_top_blocks_grid::Tiles) -> usize {
+    GRID_CAPACITY.min((tiles.blocks * tiles.threads * 8) as usize)
+}
 
 impl GridTopK {
     fn new(gpu: &Gpu, scores: &[f32], n: usize, top: usize) -> GridTopK {
@@ -144,14 +149,14 @@ impl GridTopK {
         }
     }
 
-    fn args(&mut self, scratch: &mut DeviceBuffer<u32>, top: usize) -> qsa_top_blocks_grid::Args {
+    fn args(&mut self, scratch: &mut DeviceBuffer<u32>, capacity: usize, top: usize) -> qsa_top_blocks_grid::Args {
         qsa_top_blocks_grid::Args {
             scores: self.scores.ptr(),
             n_blocks: self.n.ptr(),
             selected: self.selected.ptr_mut(),
             count: self.count.ptr_mut(),
             scratch: scratch.ptr_mut(),
-            capacity: GRID_CAPACITY as u32,
+            capacity: capacity as u32,
             top: top as u32,
         }
     }
@@ -234,17 +239,18 @@ fn grid_top_k_selects_the_reference_blocks() {
     let mut counter = 0;
     for tiles in co_resident_grid_tiles(&gpu) {
         let k = gpu.kernel::<qsa_top_blocks_grid::Kernel>(tiles).expect("compile");
+        let capacity = grid_capacity(tiles);
         for &(n, top) in &cases {
             for kind in [Scores::FewLevels, Scores::Continuous, Scores::AllZero, Scores::Signed] {
-                let label = format!("{tiles:?} n {n} top {top} {kind:?}");
+                let label = format!("{tiles:?} capacity {capacity} n {n} top {top} {kind:?}");
                 let scores = draw(&mut rng, kind, n);
-                let want = reference_selection(&scores, top);
+                let want = reference_selection(&scores[..n.min(capacity)], top);
                 let mut bufs = GridTopK::new(&gpu, &scores, n, top);
-                let args = bufs.args(&mut scratch, top);
+                let args = bufs.args(&mut scratch, capacity, top);
                 // Three launches back to back on the same scratch, each checked.
                 for launch in 0..3 {
                     bufs.poison(&gpu);
-                    // SAFETY: scores hold GRID_CAPACITY values, selected `top`, count and n one,
+                    // SAFETY: scores hold GRID_CAPACITY ≥ capacity values, selected `top`, count and n one,
                     // scratch SCRATCH_WORDS; the grid is co-resident (checked above).
                     unsafe { k.launch(&gpu, &args) }.expect("launch");
                     check_selection(&format!("{label} launch {launch}"), &scores, &bufs.result(&gpu), &want);
@@ -273,6 +279,7 @@ fn grid_top_k_survives_back_to_back_launches_and_graph_replays() {
     let kinds = [Scores::FewLevels, Scores::Continuous, Scores::AllZero, Scores::Signed];
     for tiles in co_resident_grid_tiles(&gpu) {
         let k = gpu.kernel::<qsa_top_blocks_grid::Kernel>(tiles).expect("compile");
+        let capacity = grid_capacity(tiles);
         // Eight problems, launched 25 times each in turn without a sync between them.
         let problems: Vec<(Vec<f32>, usize)> = (0..8)
             .map(|i| {
@@ -281,7 +288,8 @@ fn grid_top_k_survives_back_to_back_launches_and_graph_replays() {
             })
             .collect();
         let mut bufs: Vec<GridTopK> = problems.iter().map(|(s, n)| GridTopK::new(&gpu, s, *n, TOP)).collect();
-        let args: Vec<qsa_top_blocks_grid::Args> = bufs.iter_mut().map(|b| b.args(&mut scratch, TOP)).collect();
+        let args: Vec<qsa_top_blocks_grid::Args> =
+            bufs.iter_mut().map(|b| b.args(&mut scratch, capacity, TOP)).collect();
         for b in &mut bufs {
             b.poison(&gpu);
         }
@@ -292,8 +300,9 @@ fn grid_top_k_survives_back_to_back_launches_and_graph_replays() {
             }
         }
         for (i, ((scores, n), b)) in problems.iter().zip(&bufs).enumerate() {
-            let label = format!("{tiles:?} back to back, problem {i} (n {n})");
-            check_selection(&label, scores, &b.result(&gpu), &reference_selection(scores, TOP));
+            let label = format!("{tiles:?} back to back, problem {i} (n {n}, capacity {capacity})");
+            let want = reference_selection(&scores[..(*n).min(capacity)], TOP);
+            check_selection(&label, scores, &b.result(&gpu), &want);
         }
         check_scratch_at_rest(&gpu, &scratch, &format!("{tiles:?} back to back"));
 
@@ -314,11 +323,12 @@ fn grid_top_k_survives_back_to_back_launches_and_graph_replays() {
             }
             g.launch().expect("replay");
             for (i, ((scores, _), b)) in problems.iter().zip(&bufs).enumerate() {
-                let label = format!("{tiles:?} replay {replay}, problem {i} at n {n}");
+                let label = format!("{tiles:?} replay {replay}, problem {i} at n {n} (capacity {capacity})");
                 // Past its own length a problem's buffer holds 1e30 scores: they are chosen.
                 let mut padded = scores.clone();
                 padded.resize(GRID_CAPACITY, 1e30);
-                check_selection(&label, &padded[..n], &b.result(&gpu), &reference_selection(&padded[..n], TOP));
+                let len = n.min(capacity);
+                check_selection(&label, &padded[..len], &b.result(&gpu), &reference_selection(&padded[..len], TOP));
             }
             check_scratch_at_rest(&gpu, &scratch, &format!("{tiles:?} replay {replay}"));
         }

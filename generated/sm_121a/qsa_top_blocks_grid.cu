@@ -11,9 +11,9 @@
 // context length. While `n ≤ top` the selection is every block (the dense path) and the slots
 // past `n` hold `u32::MAX`; the scratch is not touched then.
 //
-// BLOCKS blocks, each a contiguous slice of ⌈n / BLOCKS⌉ ≤ 4096 scores, each thread a run of at
-// most 4096 / THREADS consecutive ones, loaded once into registers as 32-bit keys that order as
-// `f32::total_cmp` does.
+// BLOCKS blocks, each a contiguous slice of ⌈n / BLOCKS⌉ scores, each thread a run of at most 8
+// consecutive ones (so `capacity ≤ BLOCKS·THREADS·8`: 131,072 at the defaults), loaded once into
+// registers as 32-bit keys that order as `f32::total_cmp` does.
 // A radix select (11, 11 and 10 bits) finds the key T of the `top`-th largest: in each pass every
 // block counts its keys that match the bits fixed so far in a shared histogram, adds its nonzero
 // bins into the pass's global histogram in `scratch` (integer atomics: the sums do not depend on
@@ -78,13 +78,13 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
         }
         return;
     }
-    const unsigned keys_max = 16u;
+    const unsigned keys_max = 8u;
     const unsigned slice = (n + 64u - 1u) / 64u;
     const unsigned run = (slice + 256u - 1u) / 256u;
     const unsigned slice_end = min(block * slice + slice, n);
     const unsigned begin = min(block * slice + tid * run, slice_end);
     const unsigned end = min(begin + run, slice_end);
-    unsigned keys[16] = {};
+    unsigned keys[8] = {};
     #pragma unroll
     for (unsigned e = 0u; e < keys_max; ++e) {
         if (begin + e < end) {

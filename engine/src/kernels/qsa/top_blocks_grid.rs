@@ -25,9 +25,9 @@ pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_COUNTS + MAX_BLOCKS;
 /// context length. While `n ≤ top` the selection is every block (the dense path) and the slots
 /// past `n` hold `u32::MAX`; the scratch is not touched then.
 ///
-/// BLOCKS blocks, each a contiguous slice of ⌈n / BLOCKS⌉ ≤ 4096 scores, each thread a run of at
-/// most 4096 / THREADS consecutive ones, loaded once into registers as 32-bit keys that order as
-/// `f32::total_cmp` does.
+/// BLOCKS blocks, each a contiguous slice of ⌈n / BLOCKS⌉ scores, each thread a run of at most 8
+/// consecutive ones (so `capacity ≤ BLOCKS·THREADS·8`: 131,072 at the defaults), loaded once into
+/// registers as 32-bit keys that order as `f32::total_cmp` does.
 /// A radix select (11, 11 and 10 bits) finds the key T of the `top`-th largest: in each pass every
 /// block counts its keys that match the bits fixed so far in a shared histogram, adds its nonzero
 /// bins into the pass's global histogram in `scratch` (integer atomics: the sums do not depend on
@@ -59,7 +59,7 @@ pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_COUNTS + MAX_BLOCKS;
         top >= 1,
         2048 % THREADS == 0,
         128 % BLOCKS == 0,
-        capacity <= BLOCKS * 4096,
+        capacity <= BLOCKS * THREADS * 8,
     ),
 )]
 pub fn qsa_top_blocks_grid(
@@ -95,15 +95,15 @@ pub fn qsa_top_blocks_grid(
         return;
     }
 
-    // This block's slice (at most 4096 scores: `require`) and this thread's run in it, at most
-    // `keys_max` (16 at 256 threads, 8 at 512: the registers allow 2 blocks of 512 on an SM).
-    let keys_max = 4096 / THREADS;
+    // This block's slice and this thread's run in it: at most `keys_max` scores (`require`), in
+    // registers (16 spill on sm_121a at 256 threads).
+    let keys_max = 8;
     let slice = (n + BLOCKS - 1) / BLOCKS;
     let run = (slice + THREADS - 1) / THREADS;
     let slice_end = min(block * slice + slice, n);
     let begin = min(block * slice + tid * run, slice_end);
     let end = min(begin + run, slice_end);
-    let mut keys = [0u32; 4096 / THREADS];
+    let mut keys = [0u32; 8];
     #[unroll]
     for e in 0..keys_max {
         if begin + e < end {
@@ -217,7 +217,7 @@ pub fn qsa_top_blocks_grid(
     }
 
     // Compaction: this block's keys above the prefix (low 16 bits) and equal to it (high 16; at
-    // most 4096 each), scanned over the block in index order.
+    // most 8·THREADS ≤ 4096 each), scanned over the block in index order.
     let mut own = 0u32;
     #[unroll]
     for e in 0..keys_max {
