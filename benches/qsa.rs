@@ -6,7 +6,10 @@
 //! - the block scores (4 index heads of 128 dims against every pooled key, f32) at 32k and 128k
 //!   tokens of context, against the bytes they must read (the pooled keys and the queries), with
 //!   the keys of several layers rotated through more memory than the L2 holds;
-//! - both chained, as a layer runs them;
+//! - the multi-block top-k (`qsa_top_blocks_grid`) at every tile set whose grid the device holds
+//!   at once, at 65,536 scores (the three distributions) and at 8,192 (32k tokens, continuous),
+//!   beside the one-block kernel at its default tiles;
+//! - both chained, as a layer runs them (with either top-k);
 //! - the gated attention (24 query heads on 2 key/value heads of 256, bf16 caches), the split
 //!   attention and the combine of its splits timed together, through a full selection (512
 //!   blocks spread over the context, plus a tail of 3 tokens) at 32k and 128k tokens, against
@@ -25,6 +28,7 @@ use engine::kernels::qsa::attention::qsa_attention;
 use engine::kernels::qsa::block_scores::qsa_block_scores;
 use engine::kernels::qsa::combine::qsa_attention_combine;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
+use engine::kernels::qsa::top_blocks_grid::{self, qsa_top_blocks_grid};
 use flashnext::rng::Rng;
 use kernel_dsl::TileSet;
 
@@ -147,10 +151,103 @@ fn bench_qsa(c: &mut Criterion) {
         }
     }
 
+    // The same top-k, and the multi-block one at every tile set whose grid is co-resident, at
+    // 65,536 scores (each distribution) and at 8,192 (32k tokens of context, continuous): the
+    // one-block kernel at its default tiles beside it. One scratch for every launch.
+    let mut scratch = gpu.alloc::<u32>(top_blocks_grid::SCRATCH_WORDS).expect("scratch");
+    let k1 = gpu.kernel::<qsa_top_blocks::Kernel>(TileSet::DEFAULT).expect("compile");
+    let grid_tiles: Vec<qsa_top_blocks_grid::Tiles> = qsa_top_blocks_grid::Tiles::candidates()
+        .into_iter()
+        .filter(|&t| {
+            let k = gpu.kernel::<qsa_top_blocks_grid::Kernel>(t).expect("compile");
+            let resident = k.co_resident_blocks(&gpu).expect("occupancy");
+            let grid = t.blocks;
+            println!(
+                "qsa grid top-k {t:?}: {grid} blocks, {resident} co-resident, {} registers",
+                k.resources().registers
+            );
+            grid <= resident
+        })
+        .collect();
+    for n in [BLOCKS, 8_192] {
+        let d_len = gpu.upload(&[n as u32]).expect("n");
+        for (label, draw) in &distributions {
+            if n != BLOCKS && *label != "continuous" {
+                continue;
+            }
+            let scores: Vec<DeviceBuffer<f32>> = (0..LAUNCHES)
+                .map(|_| gpu.upload(&(0..n).map(|_| draw(&mut rng)).collect::<Vec<f32>>()).expect("scores"))
+                .collect();
+            // None: the one-block kernel; Some: the multi-block one at those tiles.
+            let variants = std::iter::once(None).chain(grid_tiles.iter().map(|&t| Some(t)));
+            for variant in variants {
+                let g = match variant {
+                    None => {
+                        let args: Vec<qsa_top_blocks::Args> = (0..LAUNCHES)
+                            .map(|i| qsa_top_blocks::Args {
+                                scores: scores[i].ptr(),
+                                n_blocks: d_len.ptr(),
+                                selected: selected[i].ptr_mut(),
+                                count: count[i].ptr_mut(),
+                                capacity: n as u32,
+                                top: TOP as u32,
+                            })
+                            .collect();
+                        gpu.capture(|| {
+                            for a in &args {
+                                // SAFETY: scores hold n values, selected TOP, count and n one; all
+                                // live until the graph is dropped below.
+                                unsafe { k1.launch(&gpu, a) }?;
+                            }
+                            Ok(())
+                        })
+                    }
+                    Some(t) => {
+                        let k = gpu.kernel::<qsa_top_blocks_grid::Kernel>(t).expect("compile");
+                        let scratch_ptr = scratch.ptr_mut();
+                        let args: Vec<qsa_top_blocks_grid::Args> = (0..LAUNCHES)
+                            .map(|i| qsa_top_blocks_grid::Args {
+                                scores: scores[i].ptr(),
+                                n_blocks: d_len.ptr(),
+                                selected: selected[i].ptr_mut(),
+                                count: count[i].ptr_mut(),
+                                scratch: scratch_ptr,
+                                capacity: n as u32,
+                                top: TOP as u32,
+                            })
+                            .collect();
+                        gpu.capture(|| {
+                            for a in &args {
+                                // SAFETY: as above, and scratch holds SCRATCH_WORDS; the launches
+                                // of one stream share it one after another; the grid is
+                                // co-resident (checked above).
+                                unsafe { k.launch(&gpu, a) }?;
+                            }
+                            Ok(())
+                        })
+                    }
+                }
+                .expect("capture");
+                if profile {
+                    g.launch().expect("replay");
+                    gpu.synchronize().expect("sync");
+                    continue;
+                }
+                let t = replay_times(&gpu, &g, LAUNCHES, 50);
+                let which = match variant {
+                    None => "one block, default tiles".to_owned(),
+                    Some(t) => format!("grid {t:?}"),
+                };
+                sink.record(&format!("top-k of {n} scores, {TOP} kept, {label}, {which}"), t, n * 4, copy_bw);
+            }
+        }
+    }
+
     // The block scores, and the scores then the top-k, at 32k and 128k tokens of context.
     let q_host: Vec<f32> = (0..HEADS * DIM).map(|_| rng.normal()).collect();
     let ks = gpu.kernel::<qsa_block_scores::Kernel>(TileSet::DEFAULT).expect("compile");
     let kt = gpu.kernel::<qsa_top_blocks::Kernel>(TileSet::DEFAULT).expect("compile");
+    let kg = gpu.kernel::<qsa_top_blocks_grid::Kernel>(TileSet::DEFAULT).expect("compile");
     for context in [32_768usize, 131_072] {
         let n = context / BLOCK_TOKENS;
         let key_bytes = n * DIM * 4;
@@ -187,16 +284,36 @@ fn bench_qsa(c: &mut Criterion) {
                 top: TOP as u32,
             })
             .collect();
-        for chained in [false, true] {
+        let scratch_ptr = scratch.ptr_mut();
+        let grid_args: Vec<qsa_top_blocks_grid::Args> = top_args
+            .iter()
+            .map(|a| qsa_top_blocks_grid::Args {
+                scores: a.scores,
+                n_blocks: a.n_blocks,
+                selected: a.selected,
+                count: a.count,
+                scratch: scratch_ptr,
+                capacity: a.capacity,
+                top: a.top,
+            })
+            .collect();
+        // The scores alone; then the one-block top-k; then the multi-block one at its defaults.
+        for chained in 0..3 {
+            if chained == 2 && !grid_tiles.contains(&TileSet::DEFAULT) {
+                continue;
+            }
             let g = gpu
                 .capture(|| {
                     for l in 0..layers {
                         // SAFETY: each layer's buffers hold what the kernels index for n blocks
-                        // (keys n·DIM, q HEADS·DIM, scores n, selection TOP) and outlive the graph.
+                        // (keys n·DIM, q HEADS·DIM, scores n, selection TOP) and outlive the graph;
+                        // the grid top-k's scratch holds SCRATCH_WORDS, its grid is co-resident.
                         unsafe {
                             ks.launch(&gpu, &score_args[l])?;
-                            if chained {
+                            if chained == 1 {
                                 kt.launch(&gpu, &top_args[l])?;
+                            } else if chained == 2 {
+                                kg.launch(&gpu, &grid_args[l])?;
                             }
                         }
                     }
@@ -210,7 +327,7 @@ fn bench_qsa(c: &mut Criterion) {
             }
             let t = replay_times(&gpu, &g, layers, 30);
             let bytes = key_bytes + HEADS * DIM * 4;
-            let what = if chained { "block scores + top-k" } else { "block scores" };
+            let what = ["block scores", "block scores + top-k", "block scores + grid top-k"][chained];
             sink.record(
                 &format!("{what} at {}k tokens ({n} blocks, {layers} layers)", context / 1024),
                 t,

@@ -126,7 +126,7 @@ pub fn reductions(
     }
 }
 
-/// Every memory intrinsic: streaming, vector and L2 loads, vector stores, atomics, a fence;
+/// Every memory intrinsic: streaming, vector, L2 and acquire loads, vector stores, atomics, a fence;
 /// vector constructors and lanes, read and written.
 #[kernel(block = 128, grid = div_ceil(n, 512))]
 pub fn memory(
@@ -156,7 +156,8 @@ pub fn memory(
     atomic_add(hist, t, -1);
     atomic_add(tile, t, 1);
     thread_fence();
-    partial[i] = seen + count as f32 + old as f32;
+    let released = load_acquire(counters, 1);
+    partial[i] = seen + count as f32 + old as f32 + released as f32;
 }
 
 /// f32 math, min and max of each arithmetic type, bit reinterpretation.

@@ -3,7 +3,10 @@
 //! blocks, the block count left for the top-k) and the top-k (the selected blocks identical to
 //! `top_blocks`, in order, on random scores with many ties, at 10, 512, 513 and 65,536 blocks,
 //! the count read from device memory). Outputs poisoned before each launch; a second launch gives
-//! the same bits; every tile candidate runs. Fresh random inputs each run.
+//! the same bits; every tile candidate runs. Fresh random inputs each run. The multi-block top-k
+//! (`qsa_top_blocks_grid`) the same way at more lengths (up to 131,072), three launches on one
+//! scratch per case, then many launches back to back and graph replays with n changed between
+//! them, the barrier counter crossing u32 wrap-around, the scratch checked at rest after each.
 
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::kernels::qsa::attention::qsa_attention;
@@ -11,6 +14,7 @@ use engine::kernels::qsa::block_scores::qsa_block_scores;
 use engine::kernels::qsa::combine::qsa_attention_combine;
 use engine::kernels::qsa::prepare::qsa_prepare;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
+use engine::kernels::qsa::top_blocks_grid::{self, qsa_top_blocks_grid};
 use engine::reference::qsa::{block_scores, top_blocks};
 use flashnext::rng::Rng;
 use kernel_dsl::{KernelDef, TileSet};
@@ -111,6 +115,222 @@ fn top_k_selects_the_reference_blocks() {
                 }
                 assert_eq!(second, (got, count), "{label}: a second launch gave different bits");
             }
+        }
+    }
+}
+
+/// The multi-block top-k's buffers: the scores (padded to `GRID_CAPACITY` with large scores that
+/// must not be chosen), n in device memory, the outputs, and the one scratch every launch shares.
+struct GridTopK {
+    scores: DeviceBuffer<f32>,
+    n: DeviceBuffer<u32>,
+    selected: DeviceBuffer<u32>,
+    count: DeviceBuffer<u32>,
+}
+
+/// The multi-block top-k's score buffers: 131,072 scores. A tile set's capacity is the most it
+/// takes (BLOCKS·THREADS·8) up to that; n past it is clamped, as the kernel clamps it.
+const GRID_CAPACITY: usize = 131_072;
+
+/// The capacity a tile set is launched with.
+fn grid_capacity(tiles: qsa_top_blocks_grid::Tiles) -> usize {
+    GRID_CAPACITY.min((tiles.blocks * tiles.threads * 8) as usize)
+}
+
+impl GridTopK {
+    fn new(gpu: &Gpu, scores: &[f32], n: usize, top: usize) -> GridTopK {
+        let mut padded = scores.to_vec();
+        padded.resize(GRID_CAPACITY, 1e30);
+        GridTopK {
+            scores: gpu.upload(&padded).expect("scores"),
+            n: gpu.upload(&[n as u32]).expect("n"),
+            selected: gpu.alloc(top).expect("selected"),
+            count: gpu.alloc(1).expect("count"),
+        }
+    }
+
+    fn args(&mut self, scratch: &mut DeviceBuffer<u32>, capacity: usize, top: usize) -> qsa_top_blocks_grid::Args {
+        qsa_top_blocks_grid::Args {
+            scores: self.scores.ptr(),
+            n_blocks: self.n.ptr(),
+            selected: self.selected.ptr_mut(),
+            count: self.count.ptr_mut(),
+            scratch: scratch.ptr_mut(),
+            capacity: capacity as u32,
+            top: top as u32,
+        }
+    }
+
+    fn poison(&mut self, gpu: &Gpu) {
+        gpu.fill_bytes(&mut self.selected, POISON).expect("poison");
+        gpu.fill_bytes(&mut self.count, POISON).expect("poison");
+    }
+
+    fn result(&self, gpu: &Gpu) -> (Vec<u32>, u32) {
+        (gpu.download(&self.selected).expect("selected"), gpu.download(&self.count).expect("count")[0])
+    }
+}
+
+/// The reference's selection of `top` among `scores` (u32::MAX past the count) and the count.
+fn reference_selection(scores: &[f32], top: usize) -> (Vec<u32>, u32) {
+    let k = top.min(scores.len());
+    let mut want: Vec<u32> = top_blocks(scores, k).iter().map(|&b| b as u32).collect();
+    want.resize(top, u32::MAX);
+    (want, k as u32)
+}
+
+/// Panics at the first slot where `got` differs from the reference.
+fn check_selection(label: &str, scores: &[f32], got: &(Vec<u32>, u32), want: &(Vec<u32>, u32)) {
+    assert_eq!(got.1, want.1, "{label}: count");
+    if let Some(i) = (0..want.0.len()).find(|&i| got.0[i] != want.0[i]) {
+        panic!(
+            "{label}: slot {i} holds {:#x}, the reference {:#x} (score {:?} vs {:?})",
+            got.0[i],
+            want.0[i],
+            scores.get(got.0[i] as usize),
+            scores.get(want.0[i] as usize)
+        );
+    }
+}
+
+/// The scratch at rest: every histogram word zero, the barrier counter a multiple of 128.
+fn check_scratch_at_rest(gpu: &Gpu, scratch: &DeviceBuffer<u32>, label: &str) -> u32 {
+    let s = gpu.download(scratch).expect("scratch");
+    if let Some(i) = (0..top_blocks_grid::SCRATCH_HISTOGRAMS).find(|&i| s[i] != 0) {
+        panic!("{label}: histogram word {i} left at {} after the launch", s[i]);
+    }
+    let counter = s[top_blocks_grid::SCRATCH_BARRIER];
+    assert_eq!(counter % 128, 0, "{label}: barrier counter {counter} left between two barriers");
+    counter
+}
+
+/// The tile sets whose whole grid this device holds at once (the grid barrier needs it); the
+/// default must be among them.
+fn co_resident_grid_tiles(gpu: &Gpu) -> Vec<qsa_top_blocks_grid::Tiles> {
+    let mut fit = Vec::new();
+    for tiles in qsa_top_blocks_grid::Tiles::candidates() {
+        let k = gpu.kernel::<qsa_top_blocks_grid::Kernel>(tiles).expect("compile");
+        let resident = k.co_resident_blocks(gpu).expect("occupancy");
+        let grid = tiles.blocks;
+        println!("{tiles:?}: grid {grid}, {resident} blocks co-resident ({} registers)", k.resources().registers);
+        if grid <= resident {
+            fit.push(tiles);
+        } else {
+            assert!(
+                tiles != TileSet::DEFAULT,
+                "the default tile set's grid {grid} exceeds the {resident} co-resident blocks"
+            );
+            println!("  skipped: the grid barrier could deadlock");
+        }
+    }
+    fit
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn grid_top_k_selects_the_reference_blocks() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("qsa grid top-k");
+    // One scratch for every case and tile set, zeroed once.
+    let mut scratch = gpu.alloc::<u32>(top_blocks_grid::SCRATCH_WORDS).expect("scratch");
+    let mut cases: Vec<(usize, usize)> =
+        [10, 512, 513, 8_192, 65_536, 100_000, 50_001].iter().map(|&n| (n, TOP)).collect();
+    cases.extend([(10, 1), (513, 7), (4_099, 300), (65_536, 1), (131_072, 512), (6_000, 5_999)]);
+    let mut counter = 0;
+    for tiles in co_resident_grid_tiles(&gpu) {
+        let k = gpu.kernel::<qsa_top_blocks_grid::Kernel>(tiles).expect("compile");
+        let capacity = grid_capacity(tiles);
+        for &(n, top) in &cases {
+            for kind in [Scores::FewLevels, Scores::Continuous, Scores::AllZero, Scores::Signed] {
+                let label = format!("{tiles:?} capacity {capacity} n {n} top {top} {kind:?}");
+                let scores = draw(&mut rng, kind, n);
+                let want = reference_selection(&scores[..n.min(capacity)], top);
+                let mut bufs = GridTopK::new(&gpu, &scores, n, top);
+                let args = bufs.args(&mut scratch, capacity, top);
+                // Three launches back to back on the same scratch, each checked.
+                for launch in 0..3 {
+                    bufs.poison(&gpu);
+                    // SAFETY: scores hold GRID_CAPACITY ≥ capacity values, selected `top`, count and n one,
+                    // scratch SCRATCH_WORDS; the grid is co-resident (checked above).
+                    unsafe { k.launch(&gpu, &args) }.expect("launch");
+                    check_selection(&format!("{label} launch {launch}"), &scores, &bufs.result(&gpu), &want);
+                }
+                let now = check_scratch_at_rest(&gpu, &scratch, &label);
+                assert!(n <= top || now != counter, "{label}: the barrier counter did not move");
+                counter = now;
+            }
+        }
+    }
+}
+
+/// Many launches back to back with nothing between them, then graphs of launches replayed, all
+/// on one scratch, with the barrier counter started just below u32 wrap-around; n changes between
+/// replays (one graph serves every length). Every launch's output is checked.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn grid_top_k_survives_back_to_back_launches_and_graph_replays() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("qsa grid top-k replays");
+    let mut scratch = gpu.alloc::<u32>(top_blocks_grid::SCRATCH_WORDS).expect("scratch");
+    let mut start = vec![0u32; top_blocks_grid::SCRATCH_WORDS];
+    // 2^32 − 4·128: a few launches (up to four barriers each) cross the wrap.
+    start[top_blocks_grid::SCRATCH_BARRIER] = 0u32.wrapping_sub(4 * 128);
+    gpu.write(&mut scratch, &start).expect("scratch");
+    let kinds = [Scores::FewLevels, Scores::Continuous, Scores::AllZero, Scores::Signed];
+    for tiles in co_resident_grid_tiles(&gpu) {
+        let k = gpu.kernel::<qsa_top_blocks_grid::Kernel>(tiles).expect("compile");
+        let capacity = grid_capacity(tiles);
+        // Eight problems, launched 25 times each in turn without a sync between them.
+        let problems: Vec<(Vec<f32>, usize)> = (0..8)
+            .map(|i| {
+                let n = [65_536, 100_000, 8_192, 513][i % 4];
+                (draw(&mut rng, kinds[i % 4], n), n)
+            })
+            .collect();
+        let mut bufs: Vec<GridTopK> = problems.iter().map(|(s, n)| GridTopK::new(&gpu, s, *n, TOP)).collect();
+        let args: Vec<qsa_top_blocks_grid::Args> =
+            bufs.iter_mut().map(|b| b.args(&mut scratch, capacity, TOP)).collect();
+        for b in &mut bufs {
+            b.poison(&gpu);
+        }
+        for _ in 0..25 {
+            for a in &args {
+                // SAFETY: as in the test above.
+                unsafe { k.launch(&gpu, a) }.expect("launch");
+            }
+        }
+        for (i, ((scores, n), b)) in problems.iter().zip(&bufs).enumerate() {
+            let label = format!("{tiles:?} back to back, problem {i} (n {n}, capacity {capacity})");
+            let want = reference_selection(&scores[..(*n).min(capacity)], TOP);
+            check_selection(&label, scores, &b.result(&gpu), &want);
+        }
+        check_scratch_at_rest(&gpu, &scratch, &format!("{tiles:?} back to back"));
+
+        // The same launches captured once, replayed with n changed between replays.
+        let g = gpu
+            .capture(|| {
+                for a in &args {
+                    // SAFETY: as above; the buffers outlive the graph.
+                    unsafe { k.launch(&gpu, a) }?;
+                }
+                Ok(())
+            })
+            .expect("capture");
+        for (replay, n) in [65_536usize, 513, 100_000, 10, 8_192, 65_535, 512, 77_777].into_iter().enumerate() {
+            for b in &mut bufs {
+                gpu.write(&mut b.n, &[n as u32]).expect("n");
+                b.poison(&gpu);
+            }
+            g.launch().expect("replay");
+            for (i, ((scores, _), b)) in problems.iter().zip(&bufs).enumerate() {
+                let label = format!("{tiles:?} replay {replay}, problem {i} at n {n} (capacity {capacity})");
+                // Past its own length a problem's buffer holds 1e30 scores: they are chosen.
+                let mut padded = scores.clone();
+                padded.resize(GRID_CAPACITY, 1e30);
+                let len = n.min(capacity);
+                check_selection(&label, &padded[..len], &b.result(&gpu), &reference_selection(&padded[..len], TOP));
+            }
+            check_scratch_at_rest(&gpu, &scratch, &format!("{tiles:?} replay {replay}"));
         }
     }
 }

@@ -81,6 +81,10 @@ pub enum Intrinsic {
     LoadVec(Vector),
     LoadStream(Vector),
     LoadCg,
+    /// `load_acquire(buffer, index)`: a u32 that other blocks of this launch update, read from L2
+    /// with acquire semantics at GPU scope (`ld.acquire.gpu`): never cached, hoisted or merged, so
+    /// a spin on it sees their updates, and the loads after it see what they wrote before.
+    LoadAcquire,
     StoreVec,
     AtomicAdd,
     AtomicMax,
@@ -159,6 +163,7 @@ impl Intrinsic {
             "load_vec" => vector().map(Intrinsic::LoadVec),
             "load_stream" => vector().map(Intrinsic::LoadStream),
             "load_cg" => plain(Intrinsic::LoadCg),
+            "load_acquire" => plain(Intrinsic::LoadAcquire),
             "store_vec" => plain(Intrinsic::StoreVec),
             "atomic_add" => plain(Intrinsic::AtomicAdd),
             _ => match Vector::from_rust_name(name) {
@@ -216,6 +221,7 @@ impl Intrinsic {
                 | Intrinsic::LaunchDependents
                 | Intrinsic::PrefetchL2
                 | Intrinsic::GlobalTimer
+                | Intrinsic::LoadAcquire
                 | Intrinsic::StoreVec
                 | Intrinsic::AtomicAdd
                 | Intrinsic::AtomicMax
@@ -419,6 +425,15 @@ impl Intrinsic {
                 let index = index_type(args[1])?;
                 sig(vec![base, index], base.indexed().map_or(Type::Void, Elem::as_type))
             }
+            I::LoadAcquire => {
+                arity(2)?;
+                let base = args[0];
+                if !matches!(base, Type::Ptr { elem: Elem::Scalar(Scalar::U32), .. }) {
+                    return Err(format!("argument 1 must be a global u32 pointer, found {base}"));
+                }
+                let index = index_type(args[1])?;
+                sig(vec![base, index], u32)
+            }
             I::StoreVec => {
                 arity(3)?;
                 let base = args[0];
@@ -464,6 +479,7 @@ impl Intrinsic {
             I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
             I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],
             I::LoadCg => &[Helper::LdCg],
+            I::LoadAcquire => &[Helper::LdAcquire],
             I::GridDependencyWait | I::LaunchDependents => &[Helper::GridDependency],
             I::PrefetchL2 => &[Helper::PrefetchL2],
             I::GlobalTimer => &[Helper::GlobalTimer],
@@ -546,5 +562,9 @@ mod tests {
         let s = Intrinsic::AtomicAdd.signature(&[counters, Type::U32, Type::IntLit]).expect("atomic_add");
         assert_eq!(s.ret, Type::U32);
         assert!(Intrinsic::AtomicAdd.signature(&[ptr, Type::U32, Type::IntLit]).is_err());
+        let s = Intrinsic::LoadAcquire.signature(&[counters, Type::IntLit]).expect("load_acquire");
+        assert_eq!((s.params[1], s.ret), (Type::U32, Type::U32));
+        assert!(Intrinsic::LoadAcquire.signature(&[ptr, Type::U32]).is_err());
+        assert!(Intrinsic::LoadAcquire.has_effect(), "a spin must not be hoisted or dropped");
     }
 }

@@ -54,6 +54,28 @@ impl<K: KernelDef> LoadedKernel<K> {
         self.resources
     }
 
+    /// How many blocks of this kernel the whole device holds at once (the driver's occupancy for
+    /// its block size, registers and shared memory, times the SMs): a kernel whose blocks wait for
+    /// each other (a software grid barrier) needs its grid no larger than this.
+    pub fn co_resident_blocks(&self, gpu: &Gpu) -> Result<u32> {
+        use kernel_dsl::TileSet as _;
+        let mut per_sm: std::ffi::c_int = 0;
+        let threads = self.tiles.block_threads() as std::ffi::c_int;
+        // SAFETY: the function belongs to a module this kernel keeps loaded; `per_sm` outlives
+        // the call.
+        unsafe {
+            cudarc::driver::sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_sm,
+                self.function.cu_function(),
+                threads,
+                0,
+            )
+        }
+        .result()
+        .during(&format!("reading the occupancy of {}", self.key))?;
+        Ok(per_sm.max(0) as u32 * gpu.info().sm_count)
+    }
+
     /// The grid and block a launch with `args` would use, after the kernel's requirements.
     pub fn dims(&self, args: &K::Args) -> Result<LaunchDims> {
         Ok(K::launch_dims(&self.tiles, args)?)

@@ -34,6 +34,7 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &ple::gate_conv::ple_gate_conv::ERASED,
     &qsa::block_scores::qsa_block_scores::ERASED,
     &qsa::top_blocks::qsa_top_blocks::ERASED,
+    &qsa::top_blocks_grid::qsa_top_blocks_grid::ERASED,
     &qsa::attention::qsa_attention::ERASED,
     &qsa::combine::qsa_attention_combine::ERASED,
     &qsa::prepare::qsa_prepare::ERASED,

@@ -650,6 +650,7 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
             format!("{f}({})", address(&args[0], &args[1]))
         }
         I::LoadCg => format!("ld_cg({})", address(&args[0], &args[1])),
+        I::LoadAcquire => format!("ld_acquire({})", address(&args[0], &args[1])),
         I::StoreVec => {
             let v = match args[2].ty {
                 Type::Vector(v) => v.cuda_name(),

@@ -36,6 +36,7 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "ld_stream_u32x4",
     "ld_stream_u32x2",
     "ld_cg",
+    "ld_acquire",
 ];
 
 /// One helper (a type or a device function) of the prelude.
@@ -72,6 +73,7 @@ pub enum Helper {
     LdStreamV4,
     LdStreamV2,
     LdCg,
+    LdAcquire,
     GridDependency,
     PrefetchL2,
     GlobalTimer,
@@ -381,6 +383,15 @@ impl Helper {
                  // The built-in is an ordinary load to the compiler: several can be in flight at once.\n\
                  __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }\n\
                  __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }\n"
+            }
+            H::LdAcquire => {
+                "// A load with acquire semantics at GPU scope, from L2: what other blocks released (a fence\n\
+                 // then their store or atomic) is visible to the loads after it. Volatile: a spin re-reads.\n\
+                 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {\n\
+                 \x20   unsigned v;\n\
+                 \x20   asm volatile(\"ld.acquire.gpu.global.u32 %0, [%1];\" : \"=r\"(v) : \"l\"(p) : \"memory\");\n\
+                 \x20   return v;\n\
+                 }\n"
             }
             H::GridDependency => {
                 "// Programmatic dependent launch: wait until the grids this one overlaps have finished and\n\
