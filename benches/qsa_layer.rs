@@ -22,7 +22,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel};
 use engine::layers::qsa::{
-    QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice, Stage,
+    QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice, Stage, TopK,
 };
 use flashnext::bench::replay_times_with;
 use flashnext::rng::Rng;
@@ -184,6 +184,9 @@ fn bench_qsa_layer(c: &mut Criterion) {
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("compile");
     let tiles = QsaTiles::default();
     let k = QsaKernels::load(&gpu, tiles).expect("kernels");
+    // The same layer with the multi-block top-k, timed beside it.
+    let grid_tiles = QsaTiles { top_k: TopK::Grid(TileSet::DEFAULT), ..tiles };
+    let k_grid = QsaKernels::load(&gpu, grid_tiles).expect("kernels (multi-block top-k)");
     let weights: Vec<QsaWeightsOnDevice> =
         (0..LAYERS).map(|l| layer_weights(&gpu, &fk, &mut rng, 100 * l as u32 + 1)).collect();
     let mut xs: Vec<DeviceBuffer<bf16>> = (0..LAYERS).map(|_| gpu.alloc(SHAPE.hidden).expect("x")).collect();
@@ -264,6 +267,37 @@ fn bench_qsa_layer(c: &mut Criterion) {
                 sink.record(&format!("{stage:?} alone at {}k tokens", context / 1024), t, bytes);
             }
         }
+        let launches_grid: Vec<QsaLaunches> = (0..LAYERS)
+            .map(|l| {
+                QsaLaunches::new(
+                    &k_grid,
+                    &weights[l],
+                    &mut ctx,
+                    &mut caches[l],
+                    &mut scratch,
+                    xs[l].ptr(),
+                    ys[l].ptr_mut(),
+                )
+                .expect("launches")
+            })
+            .collect();
+        let whole = capture(&gpu, &launches_grid, &k_grid, &Stage::ALL);
+        let t = replay_times_with(&gpu, &whole, 30, LAYERS, || {});
+        sink.record(
+            &format!("whole layer at {}k tokens, multi-block top-k ({LAYERS} layers)", context / 1024),
+            t,
+            SHAPE.layer_bytes(position),
+        );
+        drop(whole);
+        let g = capture(&gpu, &launches_grid, &k_grid, &[Stage::TopBlocks]);
+        let t = replay_times_with(&gpu, &g, 30, LAYERS, || {});
+        println!(
+            "qsa-layer TopBlocks (multi-block) at {}k tokens: {:.2} us/layer (p10 {:.2}, p90 {:.2})",
+            context / 1024,
+            t.0 * 1e6,
+            t.1 * 1e6,
+            t.2 * 1e6
+        );
         gpu.synchronize().expect("sync");
     }
     group.finish();

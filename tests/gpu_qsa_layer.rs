@@ -21,7 +21,8 @@
 use engine::cuda::Gpu;
 use engine::error::Error;
 use engine::layers::qsa::{
-    QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice, check_position,
+    QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice, TopK,
+    check_position,
 };
 use engine::model::config::ModelConfig;
 use engine::model::weights::{Linear, QsaWeights};
@@ -30,6 +31,7 @@ use engine::reference::rope::Rope;
 use flashnext::compare::rel_l2;
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
+use kernel_dsl::TileSet;
 
 /// 0xff bytes: NaN in bf16 and f32, u32::MAX.
 const POISON: u8 = 0xff;
@@ -325,16 +327,19 @@ fn qsa_layer_tiny_shapes_through_the_budget() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("qsa layer tiny");
     // 80 tokens: 20 blocks against a budget of 4.
-    let tiles = QsaTiles::fitting(TINY);
-    tiles.check(TINY, TINY.capacity_for(80)).expect("tiles");
-    case(&gpu, &mut rng, TINY, tiles, 0, 80);
-    // Head dim 128 takes the attention's 2-warp tiles; chunks of 32, 512 top-k threads.
-    let mut tiles = QsaTiles::fitting(TINY_GQA3);
-    tiles.attention.chunk = 32;
-    tiles.check(TINY_GQA3, TINY_GQA3.capacity_for(61)).expect("tiles");
-    case(&gpu, &mut rng, TINY_GQA3, tiles, 0, 61);
-    // After a prefilled context past the budget, crossing two block completions.
-    case(&gpu, &mut rng, TINY, QsaTiles::fitting(TINY), 203, 9);
+    // Both top-k kernels: one block, and the multi-block one with its grid barriers.
+    for top_k in [TopK::OneBlock(TileSet::DEFAULT), TopK::Grid(TileSet::DEFAULT)] {
+        let tiles = QsaTiles { top_k, ..QsaTiles::fitting(TINY) };
+        tiles.check(TINY, TINY.capacity_for(80)).expect("tiles");
+        case(&gpu, &mut rng, TINY, tiles, 0, 80);
+        // Head dim 128 takes the attention's 2-warp tiles; chunks of 32.
+        let mut tiles = QsaTiles { top_k, ..QsaTiles::fitting(TINY_GQA3) };
+        tiles.attention.chunk = 32;
+        tiles.check(TINY_GQA3, TINY_GQA3.capacity_for(61)).expect("tiles");
+        case(&gpu, &mut rng, TINY_GQA3, tiles, 0, 61);
+        // After a prefilled context past the budget, crossing two block completions.
+        case(&gpu, &mut rng, TINY, QsaTiles { top_k, ..QsaTiles::fitting(TINY) }, 203, 9);
+    }
 }
 
 #[test]
@@ -342,11 +347,13 @@ fn qsa_layer_tiny_shapes_through_the_budget() {
 fn qsa_layer_published_shape_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("qsa layer published");
-    let tiles = QsaTiles::default();
     // From an empty cache (dense), then past the budget (513 blocks at the first token) and at
-    // 100k; each crosses a block's completion.
-    for (context, steps) in [(0, 6), (2_052, 4), (100_000, 4)] {
-        case(&gpu, &mut rng, PUBLISHED, tiles, context, steps);
+    // 100k; each crosses a block's completion. Both top-k kernels.
+    for top_k in [TopK::OneBlock(TileSet::DEFAULT), TopK::Grid(TileSet::DEFAULT)] {
+        let tiles = QsaTiles { top_k, ..QsaTiles::default() };
+        for (context, steps) in [(0, 6), (2_052, 4), (100_000, 4)] {
+            case(&gpu, &mut rng, PUBLISHED, tiles, context, steps);
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! 2. [`qsa_prepare`]: the zero-centred norms and partial RoPE of q, k and the index queries, the
 //!    cache appends, and the pooled key of a block that completes;
 //! 3. [`qsa_block_scores`]: every complete block's score against the index queries;
-//! 4. [`qsa_top_blocks`]: the top `top` blocks by score, on the device;
+//! 4. the top `top` blocks by score, on the device: [`qsa_top_blocks`] (one block) or
+//!    [`qsa_top_blocks_grid`] (many blocks and grid barriers), as [`TopK`] chooses;
 //! 5. [`qsa_attention`]: gated GQA through the selection plus the tail, split over tokens;
 //! 6. [`qsa_attention_combine`]: the splits combined, σ(gate) applied, o in bf16;
 //! 7. o_proj: the bf16 GEMV, split-K.
@@ -30,6 +31,7 @@ use crate::kernels::qsa::block_scores::qsa_block_scores;
 use crate::kernels::qsa::combine::qsa_attention_combine;
 use crate::kernels::qsa::prepare::qsa_prepare;
 use crate::kernels::qsa::top_blocks::qsa_top_blocks;
+use crate::kernels::qsa::top_blocks_grid::{self, qsa_top_blocks_grid};
 use crate::model::config::ModelConfig;
 use crate::model::weights::QsaWeights;
 use crate::reference::rope::Rope;
@@ -285,6 +287,9 @@ pub struct QsaScratch {
     /// The chosen blocks [top], ascending, and their count [1].
     pub selected: DeviceBuffer<u32>,
     pub count: DeviceBuffer<u32>,
+    /// The multi-block top-k's histograms, barrier counter and per-block counts
+    /// [`top_blocks_grid::SCRATCH_WORDS`]: zero at allocation, left as found by every launch.
+    pub top_k: DeviceBuffer<u32>,
     /// The attention's split partials [q_heads, splits, head_dim] and [q_heads, splits, 2].
     pub partial_acc: DeviceBuffer<f32>,
     pub partial_ml: DeviceBuffer<f32>,
@@ -310,6 +315,7 @@ impl QsaScratch {
             n_blocks: gpu.alloc(1)?,
             selected: gpu.alloc(shape.top)?,
             count: gpu.alloc(1)?,
+            top_k: gpu.alloc(top_blocks_grid::SCRATCH_WORDS)?,
             partial_acc: gpu.alloc(shape.q_heads * splits * shape.head_dim)?,
             partial_ml: gpu.alloc(shape.q_heads * splits * 2)?,
             o: gpu.alloc(shape.attn_dim())?,
@@ -318,6 +324,7 @@ impl QsaScratch {
         };
         gpu.fill_bytes(&mut s.proj_counters, 0)?;
         gpu.fill_bytes(&mut s.out_counters, 0)?;
+        gpu.fill_bytes(&mut s.top_k, 0)?;
         Ok(s)
     }
 }
@@ -327,13 +334,23 @@ fn max_splits(shape: QsaShape) -> usize {
     ((shape.top + 1) * shape.block_tokens).div_ceil(MIN_CHUNK)
 }
 
+/// Which top-k kernel the layer runs, at which tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopK {
+    /// [`qsa_top_blocks`]: one block does it all (no grid barrier; one SM loads the scores).
+    OneBlock(qsa_top_blocks::Tiles),
+    /// [`qsa_top_blocks_grid`]: BLOCKS blocks with grid barriers, which must all be resident at
+    /// once ([`QsaKernels::load`] checks the device can hold them).
+    Grid(qsa_top_blocks_grid::Tiles),
+}
+
 /// Tile choices for the seven launches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QsaTiles {
     pub in_proj: gemv_bf16::Tiles,
     pub prepare: qsa_prepare::Tiles,
     pub block_scores: qsa_block_scores::Tiles,
-    pub top_blocks: qsa_top_blocks::Tiles,
+    pub top_k: TopK,
     pub attention: qsa_attention::Tiles,
     pub combine: qsa_attention_combine::Tiles,
     pub o_proj: gemv_bf16::Tiles,
@@ -346,7 +363,7 @@ impl Default for QsaTiles {
             in_proj: TileSet::DEFAULT,
             prepare: TileSet::DEFAULT,
             block_scores: TileSet::DEFAULT,
-            top_blocks: TileSet::DEFAULT,
+            top_k: TopK::OneBlock(TileSet::DEFAULT),
             attention: TileSet::DEFAULT,
             combine: TileSet::DEFAULT,
             // o_proj is 2560 × 6144, the shape of GDN's out_proj: split K four ways as it does
@@ -391,7 +408,10 @@ impl QsaTiles {
         gemv_fits("gemv_bf16 (QSA in_proj)", &self.in_proj, &a.in_proj, shape.in_rows())?;
         qsa_prepare::Kernel::launch_dims(&self.prepare, &a.prepare)?;
         qsa_block_scores::Kernel::launch_dims(&self.block_scores, &a.block_scores)?;
-        qsa_top_blocks::Kernel::launch_dims(&self.top_blocks, &a.top_blocks)?;
+        match &self.top_k {
+            TopK::OneBlock(t) => qsa_top_blocks::Kernel::launch_dims(t, &a.top_blocks).map(|_| ())?,
+            TopK::Grid(t) => qsa_top_blocks_grid::Kernel::launch_dims(t, &a.top_blocks_grid).map(|_| ())?,
+        }
         let dims = qsa_attention::Kernel::launch_dims(&self.attention, &a.attention)?;
         if dims.grid[1] as usize > max_splits(shape) {
             return Err(LaunchError {
@@ -412,20 +432,43 @@ pub struct QsaKernels {
     pub in_proj: LoadedKernel<gemv_bf16::Kernel>,
     pub prepare: LoadedKernel<qsa_prepare::Kernel>,
     pub block_scores: LoadedKernel<qsa_block_scores::Kernel>,
-    pub top_blocks: LoadedKernel<qsa_top_blocks::Kernel>,
+    pub top_k: TopKKernel,
     pub attention: LoadedKernel<qsa_attention::Kernel>,
     pub combine: LoadedKernel<qsa_attention_combine::Kernel>,
     pub o_proj: LoadedKernel<gemv_bf16::Kernel>,
 }
 
+/// The loaded top-k kernel of [`TopK`]'s choice.
+#[derive(Debug)]
+pub enum TopKKernel {
+    OneBlock(LoadedKernel<qsa_top_blocks::Kernel>),
+    Grid(LoadedKernel<qsa_top_blocks_grid::Kernel>),
+}
+
 impl QsaKernels {
+    /// Compiles the kernels; with the multi-block top-k, refuses a grid the device cannot hold
+    /// at once (its grid barrier would wait forever).
     pub fn load(gpu: &Gpu, tiles: QsaTiles) -> Result<QsaKernels> {
+        let top_k = match tiles.top_k {
+            TopK::OneBlock(t) => TopKKernel::OneBlock(gpu.kernel(t)?),
+            TopK::Grid(t) => {
+                let k = gpu.kernel(t)?;
+                let resident = k.co_resident_blocks(gpu)?;
+                if resident < t.blocks {
+                    return Err(Error::Buffer(format!(
+                        "the multi-block top-k needs its {} blocks resident at once; this device holds {resident}",
+                        t.blocks
+                    )));
+                }
+                TopKKernel::Grid(k)
+            }
+        };
         Ok(QsaKernels {
             tiles,
             in_proj: gpu.kernel(tiles.in_proj)?,
             prepare: gpu.kernel(tiles.prepare)?,
             block_scores: gpu.kernel(tiles.block_scores)?,
-            top_blocks: gpu.kernel(tiles.top_blocks)?,
+            top_k,
             attention: gpu.kernel(tiles.attention)?,
             combine: gpu.kernel(tiles.combine)?,
             o_proj: gpu.kernel(tiles.o_proj)?,
@@ -464,6 +507,7 @@ pub struct QsaLaunches {
     pub prepare: qsa_prepare::Args,
     pub block_scores: qsa_block_scores::Args,
     pub top_blocks: qsa_top_blocks::Args,
+    pub top_blocks_grid: qsa_top_blocks_grid::Args,
     pub attention: qsa_attention::Args,
     pub combine: qsa_attention_combine::Args,
     pub o_proj: gemv_bf16::Args,
@@ -482,8 +526,9 @@ struct Addresses {
     /// k, v, index_keys, block_keys.
     caches: [u64; 4],
     /// proj, proj_partial, proj_counters, q, gate, index_q, scores, n_blocks, selected, count,
+    /// top_k,
     /// partial_acc, partial_ml, o, out_partial, out_counters.
-    s: [u64; 15],
+    s: [u64; 16],
 }
 
 impl QsaLaunches {
@@ -535,6 +580,7 @@ impl QsaLaunches {
                 s.n_blocks.ptr_mut().addr(),
                 s.selected.ptr_mut().addr(),
                 s.count.ptr_mut().addr(),
+                s.top_k.ptr_mut().addr(),
                 s.partial_acc.ptr_mut().addr(),
                 s.partial_ml.ptr_mut().addr(),
                 s.o.ptr_mut().addr(),
@@ -572,6 +618,7 @@ impl QsaLaunches {
             n_blocks,
             selected,
             count,
+            top_k,
             partial_acc,
             partial_ml,
             o,
@@ -651,6 +698,15 @@ impl QsaLaunches {
                 capacity: block_capacity,
                 top: u(sh.top),
             },
+            top_blocks_grid: qsa_top_blocks_grid::Args {
+                scores: r(scores),
+                n_blocks: r(n_blocks),
+                selected: w(selected),
+                count: w(count),
+                scratch: w(top_k),
+                capacity: block_capacity,
+                top: u(sh.top),
+            },
             attention: attention_args,
             combine: qsa_attention_combine::Args {
                 partial_acc: r(partial_acc),
@@ -690,9 +746,10 @@ impl QsaLaunches {
                 Stage::InProj => k.in_proj.launch(gpu, &self.in_proj),
                 Stage::Prepare => k.prepare.launch(gpu, &self.prepare),
                 Stage::BlockScores => k.block_scores.launch(gpu, &self.block_scores),
-                // THE TOP-K: the one place the layer calls `qsa_top_blocks` (a multi-block
-                // replacement with its own scratch is swapped in here and in `QsaKernels`).
-                Stage::TopBlocks => k.top_blocks.launch(gpu, &self.top_blocks),
+                Stage::TopBlocks => match &k.top_k {
+                    TopKKernel::OneBlock(t) => t.launch(gpu, &self.top_blocks),
+                    TopKKernel::Grid(t) => t.launch(gpu, &self.top_blocks_grid),
+                },
                 Stage::Attention => k.attention.launch(gpu, &self.attention),
                 Stage::Combine => k.combine.launch(gpu, &self.combine),
                 Stage::OProj => k.o_proj.launch(gpu, &self.o_proj),
