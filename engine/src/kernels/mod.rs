@@ -1,6 +1,7 @@
 //! Every kernel of the engine, each described once in the DSL. [`ALL`] lists them for the tools
 //! that walk every kernel: the generated files, the NVRTC compile test, the autotuner.
 
+pub mod embed;
 pub mod gdn;
 pub mod gemv_bf16;
 pub mod lm_head;
@@ -38,6 +39,7 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &qsa::attention::qsa_attention::ERASED,
     &qsa::combine::qsa_attention_combine::ERASED,
     &qsa::prepare::qsa_prepare::ERASED,
+    &embed::embed_streams::ERASED,
     &lm_head::lm_head_argmax_bf16::ERASED,
     &lm_head::lm_head_argmax_nvfp4::ERASED,
 ];
