@@ -287,9 +287,8 @@ fn bench_gdn(c: &mut Criterion) {
     });
     drop(g);
     let base = GdnTiles::default();
-    let variants = gdn_delta_rule::Tiles::candidates()
-        .into_iter()
-        .map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }));
+    let variants =
+        gdn_delta_rule::Tiles::candidates().into_iter().map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }));
     sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), update_bytes, &mut out);
     let variants = gdn_state_update::Tiles::candidates()
         .into_iter()
@@ -356,7 +355,9 @@ fn whole_layer(
         report(
             &Line {
                 bench: "gdn-layer",
-                label: format!("gdn layer, {format} in_proj, bf16 out_proj, norm in the state update ({LAYERS} layers)"),
+                label: format!(
+                    "gdn layer, {format} in_proj, bf16 out_proj, norm in the state update ({LAYERS} layers)"
+                ),
                 layers: LAYERS,
                 launches_per_layer: 3,
                 bytes: layer_bytes,
@@ -422,14 +423,23 @@ fn whole_layer(
             .map(|t| (format!("{t:?}"), GdnTiles { in_proj: t, ..base }))
             .collect()
     };
-    sweep(gpu, &launches, &[Stage::InProj], nvfp4, variants, in_proj_bytes, out);
+    sweep(gpu, &launches, &[Stage::InProj], nvfp4, variants.clone(), in_proj_bytes, out);
     if !nvfp4 {
+        // The bf16 input projection's candidates in the whole layer too: with EARLY > 0 its first
+        // weights load before its wait, overlapping the previous layer's out_proj.
+        sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
         // gdn_out_proj: alone, and in the whole layer (what its early weight loads overlap).
         let variants: Vec<(String, GdnTiles)> = gdn_out_proj::Tiles::candidates()
             .into_iter()
             .map(|t| (format!("{t:?}"), GdnTiles { out_proj_normed: t, ..base }))
             .collect();
         sweep(gpu, &launches, &[Stage::OutProj], false, variants.clone(), SHAPE.out_proj_normed_bytes(), out);
+        sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
+        // gdn_delta_rule in the whole layer (where it launches its successor matters there).
+        let variants: Vec<(String, GdnTiles)> = gdn_delta_rule::Tiles::candidates()
+            .into_iter()
+            .map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }))
+            .collect();
         sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
         // out_proj: the GEMV's candidates one tile off its default (its whole space is gemv's bench).
         let d = gemv_bf16::Tiles::DEFAULT.values();

@@ -159,22 +159,24 @@ fn check(label: &str, want: &Expected, got: &Got) {
 }
 
 /// On each placement of the gated norm, the tiles that fit `shape` ([`GdnTiles::fitting`]);
-/// every candidate of the input projection of this format and of that path's state update and
-/// (for the norm in out_proj's prologue) its out_proj, the others at the base; and for the plain
-/// GEMV (which gpu_kernels covers in full) each candidate one tile off its default: those that
-/// fit `shape`. The new path (the default) first.
+/// every candidate of that path's state update and (for the norm in out_proj's prologue) its
+/// out_proj, the others at the base; for the plain GEMV (which gpu_kernels covers in full) each
+/// candidate one tile off its default; every candidate of the input projection of this format
+/// (on the first path only: it is the same launch on both): those that fit `shape`. The new path
+/// (the default) first.
 fn tile_variants(shape: GdnShape, nvfp4: bool) -> Vec<GdnTiles> {
     let mut v = Vec::new();
     for norm_in_out_proj in [true, false] {
         let base = GdnTiles::fitting(shape, nvfp4, norm_in_out_proj)
             .unwrap_or_else(|| panic!("no tile set fits {shape:?} (norm in out_proj {norm_in_out_proj})"));
         v.push(base);
-        if nvfp4 {
-            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
-        } else {
-            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
-        }
         if norm_in_out_proj {
+            // The input projection is the same launch on both paths: its candidates run once.
+            if nvfp4 {
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
+            } else {
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
+            }
             v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { delta_rule: t, ..base }));
             v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { out_proj_normed: t, ..base }));
         } else {

@@ -281,11 +281,12 @@ pub struct GdnScratch {
     pub proj: DeviceBuffer<f32>,
     /// Sᵀq̂ per head [z_dim], f32.
     pub o: DeviceBuffer<f32>,
-    /// One per value head, for the gated norm's last block.
+    /// One per value head, for the gated norm's last block (the norm in the state update only).
     pub head_counters: DeviceBuffer<u32>,
-    /// The gated-normed heads, out_proj's input [z_dim], bf16.
+    /// The gated-normed heads, the plain GEMV's input [z_dim], bf16 (the norm in the state
+    /// update only; with the norm in out_proj, x lives in each out_proj block's shared memory).
     pub normed: DeviceBuffer<bf16>,
-    /// out_proj's split-K partials [16, hidden] and tile counters [hidden].
+    /// out_proj's split-K partials [16, hidden] and tile counters [hidden] (either out_proj).
     pub out_partial: DeviceBuffer<f32>,
     pub out_counters: DeviceBuffer<u32>,
 }
@@ -370,7 +371,11 @@ impl GdnTiles {
     pub fn fitting(shape: GdnShape, nvfp4: bool, norm_in_out_proj: bool) -> Option<GdnTiles> {
         use kernel_dsl::{KernelDef, LaunchDims};
         /// The first of `tries` whose launch fits, `scratch_ok` included.
-        fn pick<K: KernelDef>(args: &K::Args, tries: Vec<K::Tiles>, scratch_ok: fn(&LaunchDims) -> bool) -> Option<K::Tiles> {
+        fn pick<K: KernelDef>(
+            args: &K::Args,
+            tries: Vec<K::Tiles>,
+            scratch_ok: fn(&LaunchDims) -> bool,
+        ) -> Option<K::Tiles> {
             tries.into_iter().find(|t| K::launch_dims(t, args).is_ok_and(|d| scratch_ok(&d)))
         }
         fn tries<T: TileSet>(first: T) -> Vec<T> {
@@ -422,9 +427,15 @@ pub struct GdnKernels {
 impl GdnKernels {
     pub fn load(gpu: &Gpu, tiles: GdnTiles) -> Result<GdnKernels> {
         let path = if tiles.norm_in_out_proj {
-            NormPath::InOutProj { delta_rule: gpu.kernel(tiles.delta_rule)?, out_proj: gpu.kernel(tiles.out_proj_normed)? }
+            NormPath::InOutProj {
+                delta_rule: gpu.kernel(tiles.delta_rule)?,
+                out_proj: gpu.kernel(tiles.out_proj_normed)?,
+            }
         } else {
-            NormPath::InStateUpdate { state_update: gpu.kernel(tiles.state_update)?, out_proj: gpu.kernel(tiles.out_proj)? }
+            NormPath::InStateUpdate {
+                state_update: gpu.kernel(tiles.state_update)?,
+                out_proj: gpu.kernel(tiles.out_proj)?,
+            }
         };
         Ok(GdnKernels { in_proj: gpu.kernel(tiles.in_proj)?, in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?, path })
     }

@@ -26,9 +26,16 @@ use kernel_macros::kernel;
 /// same tj): every lane gets the same bits, in a fixed order, so the result is deterministic and
 /// no barrier is needed. Grid (value heads, column slices of WARPS warps).
 ///
+/// RPT stops at 16: at 32 (dk 128 over 4 row groups) the 128 state values and 64 of k̂ and q̂ of a
+/// thread spill (255 registers on sm_90).
+///
 /// The kernel overlaps its predecessor (programmatic dependent launch): the state loads come
 /// before `grid_dependency_wait()` (the state was last written by this kernel a token ago, at
-/// least two launches back); everything that reads `proj` or writes comes after.
+/// least two launches back); everything that reads `proj` or writes comes after. TRIGGER says
+/// where it lets its own successor launch: 0 after the wait, 1 before its state loads (the
+/// successor still waits for this grid's end before it reads anything this grid writes, so both
+/// are safe; 1 lets a chain of state updates keep three grids in flight, the next one's state
+/// loads overlapping this one's wait).
 #[kernel(
     block = 32 * WARPS,
     grid = (value_heads, dv / (4 * COL_LANES * WARPS)),
@@ -41,8 +48,9 @@ use kernel_macros::kernel;
 )]
 pub fn gdn_delta_rule(
     #[tile(default = 4, candidates = [2, 4, 8])] COL_LANES: u32,
-    #[tile(default = 16, candidates = [4, 8, 16, 32])] RPT: u32,
+    #[tile(default = 16, candidates = [4, 8, 16])] RPT: u32,
     #[tile(default = 4, candidates = [1, 2, 4, 8])] WARPS: u32,
+    #[tile(default = 0, candidates = [0, 1])] TRIGGER: u32,
     proj: &[f32],
     state: &mut [f32],
     o: &mut [f32],
@@ -63,6 +71,9 @@ pub fn gdn_delta_rule(
     let gate_base = 2 * key_heads * dk + 2 * value_heads * dv;
     let s_base = head * dk * dv;
 
+    if TRIGGER == 1 {
+        launch_dependents();
+    }
     // The state first: its loads are the long pole, everything else overlaps them.
     let mut s0 = [0.0; RPT];
     let mut s1 = [0.0; RPT];
@@ -78,9 +89,10 @@ pub fn gdn_delta_rule(
     }
 
     // Overlapped launch: proj, written by the input projection, is read only after the wait.
-    // The successor may start as soon as every block is here: it waits for this grid's end anyway.
     grid_dependency_wait();
-    launch_dependents();
+    if TRIGGER == 0 {
+        launch_dependents();
+    }
 
     // Everything this thread reads of proj, issued together: its rows of k and q (16-byte loads),
     // its 4 values of v, the gates.
