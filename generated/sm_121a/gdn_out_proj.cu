@@ -110,17 +110,16 @@ extern "C" __global__ void __launch_bounds__(128) gdn_out_proj(
     const unsigned k_begin = split * 256u * 6u;
     const unsigned row0 = (blockIdx.x * 4u + (threadIdx.x >> 5)) * 2u;
     const bool active = row0 < rows;
+    const unsigned wrow = active ? row0 : 0u;
     const uint4 __fill_wbuf = make_uint4(0u, 0u, 0u, 0u);
     uint4 wbuf[12];
     #pragma unroll
     for (int __i = 0; __i < 12; ++__i) wbuf[__i] = __fill_wbuf;
-    if (active) {
+    #pragma unroll
+    for (unsigned s = 0u; s < 6u; ++s) {
         #pragma unroll
-        for (unsigned s = 0u; s < 6u; ++s) {
-            #pragma unroll
-            for (unsigned r = 0u; r < 2u; ++r) {
-                wbuf[s * 2u + r] = ld_stream_u32x4(w + ((row0 + r) * cols + k_begin + s * 256u + (threadIdx.x & 31u) * 8u));
-            }
+        for (unsigned r = 0u; r < 2u; ++r) {
+            wbuf[s * 2u + r] = ld_stream_u32x4(w + ((wrow + r) * cols + k_begin + s * 256u + (threadIdx.x & 31u) * 8u));
         }
     }
     grid_dependency_wait();

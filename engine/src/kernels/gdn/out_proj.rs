@@ -60,14 +60,15 @@ pub fn gdn_out_proj(
     if EARLY == 0 {
         grid_dependency_wait();
     }
+    // Every warp loads (a warp past the last row reads row 0's and drops it): loads under a
+    // branch here made ptxas for sm_121a spill the buffer.
+    let wrow = if active { row0 } else { 0 };
     let mut wbuf = [u32x4(0, 0, 0, 0); ROWS * STEPS];
-    if active {
+    #[unroll]
+    for s in 0..STEPS {
         #[unroll]
-        for s in 0..STEPS {
-            #[unroll]
-            for r in 0..ROWS {
-                wbuf[s * ROWS + r] = load_stream::<u32x4>(w, (row0 + r) * cols + k_begin + s * 256 + lane_id() * 8);
-            }
+        for r in 0..ROWS {
+            wbuf[s * ROWS + r] = load_stream::<u32x4>(w, (wrow + r) * cols + k_begin + s * 256 + lane_id() * 8);
         }
     }
     if EARLY == 1 {
