@@ -9,8 +9,13 @@
 //! - The whole layer: 8 layers with distinct weights (filled on the device), states and scratch,
 //!   one graph of 24 launches; and each of its three kernels alone (a graph of its 8 launches).
 //!   Once with a bf16 input projection, once with an NVFP4 one (out_proj is bf16 in both).
-//! - Every tile candidate of the two GDN kernels at the published shape, and out_proj's GEMV one
-//!   tile off its default, each kernel's graph alone.
+//! - Both placements of the gated norm: in out_proj's prologue (the default: `gdn_delta_rule`,
+//!   then `gdn_out_proj`) and in the state update's last blocks (`gdn_state_update`, then the
+//!   plain GEMV), the state update alone and the whole layer.
+//! - Every tile candidate of the GDN kernels at the published shape, and out_proj's GEMV one
+//!   tile off its default, each kernel's graph alone; `gdn_out_proj`'s candidates also in the
+//!   whole layer's graph (its weights load before its grid dependency wait, so what it overlaps
+//!   matters).
 //!
 //! Each line gives the time per layer (median, p10, p90 of the replays), the bytes, the rate,
 //! its fraction of 4.27 TB/s and of the device-to-device copy bandwidth measured in the same run,
@@ -23,7 +28,9 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
+use engine::kernels::gdn::delta_rule::gdn_delta_rule;
 use engine::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
+use engine::kernels::gdn::out_proj::gdn_out_proj;
 use engine::kernels::gdn::state_update::gdn_state_update;
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::layers::gdn::{
@@ -209,6 +216,8 @@ fn bench_gdn(c: &mut Criterion) {
     let mut rng = Rng::fresh("gdn bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
     let kernels = GdnKernels::load(&gpu, GdnTiles::default()).expect("compile");
+    let old_path = GdnTiles { norm_in_out_proj: false, ..GdnTiles::default() };
+    let old_kernels = GdnKernels::load(&gpu, old_path).expect("compile");
     let mut group = c.benchmark_group("gdn");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
 
@@ -237,12 +246,27 @@ fn bench_gdn(c: &mut Criterion) {
         }
     }
     gpu.synchronize().expect("sync");
-    let update_bytes = SHAPE.state_update_bytes();
+    // The earlier path first: the state update with the gated norm in its last blocks.
+    let old_bytes = SHAPE.state_update_bytes();
+    let g = capture(&gpu, &state_launches, &old_kernels, &[Stage::StateUpdate]);
+    report(
+        &Line {
+            bench: "gdn-state-update",
+            label: format!("gdn state update with the gated norm, gdn_state_update ({STATE_LAYERS} layers)"),
+            layers: STATE_LAYERS,
+            launches_per_layer: 1,
+            bytes: old_bytes,
+            times: replay_times(&gpu, &g, 50),
+        },
+        &mut out,
+    );
+    drop(g);
+    let update_bytes = SHAPE.delta_rule_bytes();
     let g = capture(&gpu, &state_launches, &kernels, &[Stage::StateUpdate]);
     report(
         &Line {
             bench: "gdn-state-update",
-            label: format!("gdn state update ({STATE_LAYERS} layers)"),
+            label: format!("gdn state update, gdn_delta_rule, norm in out_proj ({STATE_LAYERS} layers)"),
             layers: STATE_LAYERS,
             launches_per_layer: 1,
             bytes: update_bytes,
@@ -263,15 +287,18 @@ fn bench_gdn(c: &mut Criterion) {
     });
     drop(g);
     let base = GdnTiles::default();
+    let variants =
+        gdn_delta_rule::Tiles::candidates().into_iter().map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }));
+    sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), update_bytes, &mut out);
     let variants = gdn_state_update::Tiles::candidates()
         .into_iter()
-        .map(|t| (format!("{t:?}"), GdnTiles { state_update: t, ..base }));
-    sweep(&gpu, &state_launches, Stage::StateUpdate, false, variants.collect(), update_bytes, &mut out);
+        .map(|t| (format!("{t:?}"), GdnTiles { state_update: t, ..old_path }));
+    sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), old_bytes, &mut out);
     drop(state_launches);
     drop(scratch);
     drop(states);
     for (format, nvfp4) in [("bf16", false), ("nvfp4", true)] {
-        whole_layer(&gpu, &kernels, &fk, &mut rng, &mut group, format, nvfp4, &mut out);
+        whole_layer(&gpu, [&kernels, &old_kernels], &fk, &mut rng, &mut group, format, nvfp4, &mut out);
     }
     group.finish();
 }
@@ -280,7 +307,7 @@ fn bench_gdn(c: &mut Criterion) {
 #[allow(clippy::too_many_arguments)]
 fn whole_layer(
     gpu: &Gpu,
-    kernels: &GdnKernels,
+    [kernels, old_kernels]: [&GdnKernels; 2],
     fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
     rng: &mut Rng,
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
@@ -315,7 +342,7 @@ fn whole_layer(
     report(
         &Line {
             bench: "gdn-layer",
-            label: format!("gdn layer, {format} in_proj, bf16 out_proj ({LAYERS} layers)"),
+            label: format!("gdn layer, {format} in_proj, bf16 out_proj, norm in out_proj ({LAYERS} layers)"),
             layers: LAYERS,
             launches_per_layer: 3,
             bytes: layer_bytes,
@@ -323,6 +350,22 @@ fn whole_layer(
         },
         out,
     );
+    {
+        let g = capture(gpu, &launches, old_kernels, &all);
+        report(
+            &Line {
+                bench: "gdn-layer",
+                label: format!(
+                    "gdn layer, {format} in_proj, bf16 out_proj, norm in the state update ({LAYERS} layers)"
+                ),
+                layers: LAYERS,
+                launches_per_layer: 3,
+                bytes: layer_bytes,
+                times: replay_times(gpu, &g, 50),
+            },
+            out,
+        );
+    }
     if nvfp4 {
         let all_nvfp4 = SHAPE.layer_bytes_all_nvfp4();
         println!(
@@ -349,12 +392,14 @@ fn whole_layer(
         SHAPE.in_proj_weight_bytes(nvfp4) + 2 * (CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim();
     let out_proj_bytes = 2 * (d * SHAPE.z_dim() + SHAPE.z_dim() + d);
     let stages = [
-        (Stage::InProj, "in_proj", in_proj_bytes),
-        (Stage::StateUpdate, "state_update", SHAPE.state_update_bytes()),
-        (Stage::OutProj, "out_proj", out_proj_bytes),
+        (kernels, Stage::InProj, "in_proj", in_proj_bytes),
+        (kernels, Stage::StateUpdate, "delta_rule", SHAPE.delta_rule_bytes()),
+        (kernels, Stage::OutProj, "out_proj with the gated norm", SHAPE.out_proj_normed_bytes()),
+        (old_kernels, Stage::StateUpdate, "state_update with the gated norm", SHAPE.state_update_bytes()),
+        (old_kernels, Stage::OutProj, "out_proj (gemv_bf16)", out_proj_bytes),
     ];
-    for (stage, label, bytes) in stages {
-        let g = capture(gpu, &launches, kernels, &[stage]);
+    for (k, stage, label, bytes) in stages {
+        let g = capture(gpu, &launches, k, &[stage]);
         report(
             &Line {
                 bench: "gdn-stage",
@@ -378,15 +423,31 @@ fn whole_layer(
             .map(|t| (format!("{t:?}"), GdnTiles { in_proj: t, ..base }))
             .collect()
     };
-    sweep(gpu, &launches, Stage::InProj, nvfp4, variants, in_proj_bytes, out);
+    sweep(gpu, &launches, &[Stage::InProj], nvfp4, variants.clone(), in_proj_bytes, out);
     if !nvfp4 {
+        // The bf16 input projection's candidates in the whole layer too: with EARLY > 0 its first
+        // weights load before its wait, overlapping the previous layer's out_proj.
+        sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
+        // gdn_out_proj: alone, and in the whole layer (what its early weight loads overlap).
+        let variants: Vec<(String, GdnTiles)> = gdn_out_proj::Tiles::candidates()
+            .into_iter()
+            .map(|t| (format!("{t:?}"), GdnTiles { out_proj_normed: t, ..base }))
+            .collect();
+        sweep(gpu, &launches, &[Stage::OutProj], false, variants.clone(), SHAPE.out_proj_normed_bytes(), out);
+        sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
+        // gdn_delta_rule in the whole layer (where it launches its successor matters there).
+        let variants: Vec<(String, GdnTiles)> = gdn_delta_rule::Tiles::candidates()
+            .into_iter()
+            .map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }))
+            .collect();
+        sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
         // out_proj: the GEMV's candidates one tile off its default (its whole space is gemv's bench).
         let d = gemv_bf16::Tiles::DEFAULT.values();
         let variants = gemv_bf16::Tiles::candidates()
             .into_iter()
             .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() <= 1)
-            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, ..base }));
-        sweep(gpu, &launches, Stage::OutProj, false, variants.collect(), out_proj_bytes, out);
+            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, norm_in_out_proj: false, ..base }));
+        sweep(gpu, &launches, &[Stage::OutProj], false, variants.collect(), out_proj_bytes, out);
     }
 }
 
@@ -395,7 +456,7 @@ fn whole_layer(
 fn sweep(
     gpu: &Gpu,
     launches: &[GdnLaunches],
-    stage: Stage,
+    stages: &[Stage],
     nvfp4: bool,
     variants: Vec<(String, GdnTiles)>,
     bytes: usize,
@@ -410,13 +471,14 @@ fn sweep(
             continue;
         }
         let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };
-        let g = capture(gpu, launches, &k, &[stage]);
+        let g = capture(gpu, launches, &k, stages);
+        let what = if stages.len() == 1 { format!("{:?}", stages[0]) } else { "whole layer".to_owned() };
         report(
             &Line {
                 bench: "gdn-sweep",
-                label: format!("  sweep {stage:?} {label}"),
+                label: format!("  sweep {what} {label}"),
                 layers: launches.len(),
-                launches_per_layer: 1,
+                launches_per_layer: stages.len(),
                 bytes,
                 times: replay_times(gpu, &g, 20),
             },

@@ -5,11 +5,12 @@
 //! the last token, every element finite (outputs and scratch poisoned before each token). The
 //! input projection in bf16 and in NVFP4 (the reference reads the dequantised values). A tiny
 //! shape with dk ≠ dv and three value heads per key head runs every tile candidate of the GDN
-//! kernels; the published shape runs the defaults. A second run of the same tokens gives the
+//! kernels on both placements of the gated norm (out_proj's prologue, the default, and the state
+//! update's last blocks); the published shape runs both paths' defaults. A second run of the same tokens gives the
 //! same bits. Fresh random inputs each run.
 
 use engine::cuda::Gpu;
-use engine::kernels::gdn::state_update::gdn_state_update;
+use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, enqueue,
 };
@@ -157,38 +158,38 @@ fn check(label: &str, want: &Expected, got: &Got) {
     );
 }
 
-/// The defaults; every candidate of the input projection of this format and of the state update
-/// (the others at their defaults); and for out_proj (the GEMV that gpu_kernels covers in full)
-/// each candidate one tile off its default: those that fit `shape`.
+/// On each placement of the gated norm, the tiles that fit `shape` ([`GdnTiles::fitting`]);
+/// every candidate of that path's state update and (for the norm in out_proj's prologue) its
+/// out_proj, the others at the base; for the plain GEMV (which gpu_kernels covers in full) each
+/// candidate one tile off its default; every candidate of the input projection of this format
+/// (on the first path only: it is the same launch on both): those that fit `shape`. The new path
+/// (the default) first.
 fn tile_variants(shape: GdnShape, nvfp4: bool) -> Vec<GdnTiles> {
-    // The defaults, or where they do not fit this shape (they are tuned for the published head
-    // size and width), the first candidate that fits for the state update and the plain GEMV for
-    // out_proj: the base the one-kernel variations start from.
-    let mut base = GdnTiles::default();
-    if base.check(shape, nvfp4).is_err() {
-        base.out_proj = TileSet::DEFAULT;
-        if let Some(t) = <gdn_state_update::Tiles as TileSet>::candidates()
-            .into_iter()
-            .find(|&t| GdnTiles { state_update: t, ..base }.check(shape, nvfp4).is_ok())
-        {
-            base.state_update = t;
+    let mut v = Vec::new();
+    for norm_in_out_proj in [true, false] {
+        let base = GdnTiles::fitting(shape, nvfp4, norm_in_out_proj)
+            .unwrap_or_else(|| panic!("no tile set fits {shape:?} (norm in out_proj {norm_in_out_proj})"));
+        v.push(base);
+        if norm_in_out_proj {
+            // The input projection is the same launch on both paths: its candidates run once.
+            if nvfp4 {
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
+            } else {
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
+            }
+            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { delta_rule: t, ..base }));
+            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { out_proj_normed: t, ..base }));
+        } else {
+            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { state_update: t, ..base }));
+            let d = <gemv_bf16::Tiles as TileSet>::DEFAULT.values();
+            v.extend(
+                <gemv_bf16::Tiles as TileSet>::candidates()
+                    .into_iter()
+                    .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1)
+                    .map(|t| GdnTiles { out_proj: t, ..base }),
+            );
         }
     }
-    assert!(base.check(shape, nvfp4).is_ok(), "no base tile set fits {shape:?}");
-    let mut v = vec![base];
-    if nvfp4 {
-        v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
-    } else {
-        v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
-    }
-    v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { state_update: t, ..base }));
-    let d = <engine::kernels::gemv_bf16::gemv_bf16::Tiles as TileSet>::DEFAULT.values();
-    v.extend(
-        <engine::kernels::gemv_bf16::gemv_bf16::Tiles as TileSet>::candidates()
-            .into_iter()
-            .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1)
-            .map(|t| GdnTiles { out_proj: t, ..base }),
-    );
     let mut unique: Vec<GdnTiles> = Vec::new();
     for t in v {
         if t.check(shape, nvfp4).is_ok() && !unique.contains(&t) {
@@ -222,7 +223,8 @@ fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, tiles: &[GdnTile
         let label = format!("{} {shape:?} {t:?}", if nvfp4 { "nvfp4" } else { "bf16" });
         let got = run(gpu, &k, &dw, &xs);
         check(&label, &want, &got);
-        if i == 0 {
+        // The first tile set of each path runs twice.
+        if i == 0 || tiles[i - 1].norm_in_out_proj != t.norm_in_out_proj {
             let again = run(gpu, &k, &dw, &xs);
             let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(
@@ -241,9 +243,12 @@ fn gdn_tiny_every_tile_candidate_matches_the_reference() {
     let tiles = tile_variants(TINY, false);
     println!("tiny shape, bf16: {} tile sets", tiles.len());
     case(&gpu, &mut rng, TINY, false, &tiles);
-    // The SiLU output gate (a config without output_gate_type), at the first tile set that fits
+    // The SiLU output gate (a config without output_gate_type), at each path's tiles that fit
     // (the defaults are tuned for the published head size, which the tiny shape does not have).
-    case(&gpu, &mut rng, GdnShape { sigmoid_gate: false, ..TINY }, false, &tiles[..1]);
+    let silu = GdnShape { sigmoid_gate: false, ..TINY };
+    let bases: Vec<GdnTiles> =
+        [true, false].iter().map(|&p| GdnTiles::fitting(silu, false, p).expect("fitting tiles")).collect();
+    case(&gpu, &mut rng, silu, false, &bases);
 }
 
 #[test]
@@ -261,8 +266,10 @@ fn gdn_nvfp4_tiny_every_tile_candidate_matches_the_reference() {
 fn gdn_published_shape_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("gdn published");
-    case(&gpu, &mut rng, PUBLISHED, false, &[GdnTiles::default()]);
-    case(&gpu, &mut rng, PUBLISHED, true, &[GdnTiles::default()]);
+    // The defaults (the gated norm in out_proj's prologue), then the earlier path.
+    let tiles = [GdnTiles::default(), GdnTiles { norm_in_out_proj: false, ..GdnTiles::default() }];
+    case(&gpu, &mut rng, PUBLISHED, false, &tiles);
+    case(&gpu, &mut rng, PUBLISHED, true, &tiles);
 }
 
 /// No GPU: the test's config and inputs are what the GPU tests assume (a valid shape, finite
@@ -298,11 +305,17 @@ fn the_test_inputs_carry_the_state() {
 fn the_tiny_shape_runs_variations_of_every_kernel() {
     for (shape, nvfp4) in [(TINY, false), (TINY_NVFP4, true)] {
         let v = tile_variants(shape, nvfp4);
-        let base = v[0];
-        let varied = |f: fn(&GdnTiles, &GdnTiles) -> bool| v.iter().any(|t| f(t, &base));
-        assert!(varied(|t, b| t.in_proj != b.in_proj || t.in_proj_nvfp4 != b.in_proj_nvfp4), "input projection");
-        assert!(varied(|t, b| t.state_update != b.state_update), "state update");
-        assert!(varied(|t, b| t.out_proj != b.out_proj), "out_proj");
+        let new = v[0];
+        let old = *v.iter().find(|t| !t.norm_in_out_proj).expect("the earlier path");
+        let varied = |base: GdnTiles, f: fn(&GdnTiles, &GdnTiles) -> bool| {
+            v.iter().any(|t| t.norm_in_out_proj == base.norm_in_out_proj && f(t, &base))
+        };
+        assert!(new.norm_in_out_proj);
+        assert!(varied(new, |t, b| t.in_proj != b.in_proj || t.in_proj_nvfp4 != b.in_proj_nvfp4), "input projection");
+        assert!(varied(new, |t, b| t.delta_rule != b.delta_rule), "delta rule");
+        assert!(varied(new, |t, b| t.out_proj_normed != b.out_proj_normed), "out_proj with the norm");
+        assert!(varied(old, |t, b| t.state_update != b.state_update), "state update");
+        assert!(varied(old, |t, b| t.out_proj != b.out_proj), "out_proj");
         println!("tiny shape, nvfp4 {nvfp4}: {} tile sets", v.len());
     }
 }

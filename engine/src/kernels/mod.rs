@@ -29,6 +29,8 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &gdn::in_proj::gdn_in_proj_bf16::ERASED,
     &gdn::in_proj::gdn_in_proj_nvfp4::ERASED,
     &gdn::state_update::gdn_state_update::ERASED,
+    &gdn::delta_rule::gdn_delta_rule::ERASED,
+    &gdn::out_proj::gdn_out_proj::ERASED,
     &ple::ids::ple_ids::ERASED,
     &ple::gather_bf16::ple_gather_bf16::ERASED,
     &ple::gather_nvfp4::ple_gather_nvfp4::ERASED,

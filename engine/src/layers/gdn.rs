@@ -4,22 +4,28 @@
 //! 1. [`gdn_in_proj_bf16`] or [`gdn_in_proj_nvfp4`]: [in_proj_qkv; in_proj_z; in_proj_b;
 //!    in_proj_a]·x in one grouped GEMV, bf16 or NVFP4 weights, with the causal conv, SiLU and the
 //!    gates β and α in the epilogue;
-//! 2. [`gdn_state_update`]: the l2 norms of q and k, the delta rule on the state (read once,
-//!    written once), o = Sᵀq̂, and the gated RMSNorm of o in the last block of each head;
-//! 3. out_proj: the plain bf16 GEMV ([`gemv_bf16`]) of the gated-normed heads (bf16 in both
-//!    formats: an NVFP4 GEMV for it is not written yet).
+//! 2. the state update: the l2 norms of q and k, the delta rule on the state (read once, written
+//!    once), o = Sᵀq̂;
+//! 3. out_proj, bf16 in both formats (an NVFP4 GEMV for it is not written yet).
 //!
-//! The gated norm sits in the state update rather than in out_proj's prologue: it is per head, the
-//! state update's blocks are per head, and the head's o is still in L2 there, so it costs a few
-//! hundred bytes per head; in out_proj's prologue every block would have to renormalise all the
-//! heads it reads (6144 values of o and z each, in each of hundreds of blocks).
+//! Where the gated RMSNorm of o goes is a choice of [`GdnTiles::norm_in_out_proj`]:
+//!
+//! - in out_proj's prologue (the default): [`gdn_delta_rule`] has no cross-block step at all (a
+//!   warp owns whole state columns, so no barrier and no last-block tail), and [`gdn_out_proj`]
+//!   normalises the heads of its column slice (o and z from L2) while its weights, loaded before
+//!   its grid dependency wait, are already streaming;
+//! - in the state update's last block of each head ([`gdn_state_update`], a fence and a counter
+//!   per head), out_proj then the plain GEMV ([`gemv_bf16`]) of the normed heads: the first
+//!   version, kept for comparison.
 
 use half::bf16;
 use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
+use crate::kernels::gdn::delta_rule::gdn_delta_rule;
 use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
+use crate::kernels::gdn::out_proj::gdn_out_proj;
 use crate::kernels::gdn::state_update::gdn_state_update;
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::model::config::ModelConfig;
@@ -89,6 +95,17 @@ impl GdnShape {
     pub fn state_update_bytes(&self) -> usize {
         let qkvz = self.conv_dim() + self.z_dim() + 2 * self.value_heads;
         8 * self.state_len() + 4 * qkvz + 2 * self.value_dim + 8 * self.z_dim() + 2 * self.z_dim()
+    }
+
+    /// Bytes [`gdn_delta_rule`] moves: the state read and written, q, k, v and the gates read, o
+    /// written in f32.
+    pub fn delta_rule_bytes(&self) -> usize {
+        8 * self.state_len() + 4 * (self.conv_dim() + 2 * self.value_heads) + 4 * self.z_dim()
+    }
+
+    /// Bytes [`gdn_out_proj`] moves at least: its weights, o and z read in f32, the norm weight, y.
+    pub fn out_proj_normed_bytes(&self) -> usize {
+        2 * self.hidden * self.z_dim() + 8 * self.z_dim() + 2 * self.value_dim + 2 * self.hidden
     }
 
     /// Bytes of the stacked input projection's weights: bf16, or NVFP4 (0.5625 B a value: codes
@@ -264,11 +281,12 @@ pub struct GdnScratch {
     pub proj: DeviceBuffer<f32>,
     /// Sᵀq̂ per head [z_dim], f32.
     pub o: DeviceBuffer<f32>,
-    /// One per value head, for the gated norm's last block.
+    /// One per value head, for the gated norm's last block (the norm in the state update only).
     pub head_counters: DeviceBuffer<u32>,
-    /// The gated-normed heads, out_proj's input [z_dim], bf16.
+    /// The gated-normed heads, the plain GEMV's input [z_dim], bf16 (the norm in the state
+    /// update only; with the norm in out_proj, x lives in each out_proj block's shared memory).
     pub normed: DeviceBuffer<bf16>,
-    /// out_proj's split-K partials [16, hidden] and tile counters [hidden].
+    /// out_proj's split-K partials [16, hidden] and tile counters [hidden] (either out_proj).
     pub out_partial: DeviceBuffer<f32>,
     pub out_counters: DeviceBuffer<u32>,
 }
@@ -289,11 +307,16 @@ impl GdnScratch {
     }
 }
 
-/// Tile choices for the three GDN kernels.
+/// Tile choices for the GDN kernels, and where the gated norm goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdnTiles {
     pub in_proj: gdn_in_proj_bf16::Tiles,
     pub in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles,
+    /// The gated norm in out_proj's prologue ([`gdn_delta_rule`] then [`gdn_out_proj`]) if true;
+    /// in the state update's last blocks ([`gdn_state_update`] then [`gemv_bf16`]) if false.
+    pub norm_in_out_proj: bool,
+    pub delta_rule: gdn_delta_rule::Tiles,
+    pub out_proj_normed: gdn_out_proj::Tiles,
     pub state_update: gdn_state_update::Tiles,
     pub out_proj: gemv_bf16::Tiles,
 }
@@ -303,6 +326,9 @@ impl Default for GdnTiles {
         GdnTiles {
             in_proj: TileSet::DEFAULT,
             in_proj_nvfp4: TileSet::DEFAULT,
+            norm_in_out_proj: true,
+            delta_rule: TileSet::DEFAULT,
+            out_proj_normed: TileSet::DEFAULT,
             state_update: TileSet::DEFAULT,
             // out_proj is 2560 × 6144: split K four ways so its 320 row tiles fill the SMs
             // (H200, benches/gdn.rs: 10.5 µs against 15.1 µs unsplit).
@@ -321,36 +347,97 @@ impl GdnTiles {
             InProj::Bf16(args) => gdn_in_proj_bf16::Kernel::launch_dims(&self.in_proj, args)?,
             InProj::Nvfp4(args) => gdn_in_proj_nvfp4::Kernel::launch_dims(&self.in_proj_nvfp4, args)?,
         };
-        gdn_state_update::Kernel::launch_dims(&self.state_update, &a.state_update)?;
-        let dims = gemv_bf16::Kernel::launch_dims(&self.out_proj, &a.out_proj)?;
+        let (kernel, dims) = if self.norm_in_out_proj {
+            gdn_delta_rule::Kernel::launch_dims(&self.delta_rule, &a.delta_rule)?;
+            ("gdn_out_proj", gdn_out_proj::Kernel::launch_dims(&self.out_proj_normed, &a.out_proj_normed)?)
+        } else {
+            gdn_state_update::Kernel::launch_dims(&self.state_update, &a.state_update)?;
+            ("gemv_bf16", gemv_bf16::Kernel::launch_dims(&self.out_proj, &a.out_proj)?)
+        };
         // out_proj's counters and partials are sized for at most `hidden` row tiles and 16 splits.
         if dims.grid[0] as usize > shape.hidden || dims.grid[1] as usize > MAX_OUT_SPLIT {
             return Err(kernel_dsl::LaunchError {
-                kernel: "gemv_bf16",
+                kernel,
                 message: "out_proj's scratch is sized for 16 splits and one counter per row".to_owned(),
             });
         }
         Ok(())
     }
+
+    /// Tiles that run `shape` on this path: each kernel at its default where that fits (the
+    /// defaults are tuned for the published head size and width), otherwise at its first
+    /// candidate that fits (out_proj's GEMV trying the layer's split first, then its own unsplit
+    /// default). None if some kernel has no candidate that fits.
+    pub fn fitting(shape: GdnShape, nvfp4: bool, norm_in_out_proj: bool) -> Option<GdnTiles> {
+        use kernel_dsl::{KernelDef, LaunchDims};
+        /// The first of `tries` whose launch fits, `scratch_ok` included.
+        fn pick<K: KernelDef>(
+            args: &K::Args,
+            tries: Vec<K::Tiles>,
+            scratch_ok: fn(&LaunchDims) -> bool,
+        ) -> Option<K::Tiles> {
+            tries.into_iter().find(|t| K::launch_dims(t, args).is_ok_and(|d| scratch_ok(&d)))
+        }
+        fn tries<T: TileSet>(first: T) -> Vec<T> {
+            let mut v = vec![first, T::DEFAULT];
+            v.extend(T::candidates());
+            v
+        }
+        let a = GdnLaunches::unbound(shape, nvfp4);
+        let any = |_: &LaunchDims| true;
+        // out_proj's counters and partials are sized for 16 splits and at most `hidden` row tiles
+        // (the published shape's rows; every candidate has at least one row a tile).
+        let out_ok = |d: &LaunchDims| d.grid[1] as usize <= MAX_OUT_SPLIT;
+        let d = GdnTiles::default();
+        let mut t = GdnTiles { norm_in_out_proj, ..d };
+        match &a.in_proj {
+            InProj::Bf16(args) => t.in_proj = pick::<gdn_in_proj_bf16::Kernel>(args, tries(d.in_proj), any)?,
+            InProj::Nvfp4(args) => {
+                t.in_proj_nvfp4 = pick::<gdn_in_proj_nvfp4::Kernel>(args, tries(d.in_proj_nvfp4), any)?
+            }
+        }
+        if norm_in_out_proj {
+            t.delta_rule = pick::<gdn_delta_rule::Kernel>(&a.delta_rule, tries(d.delta_rule), any)?;
+            t.out_proj_normed = pick::<gdn_out_proj::Kernel>(&a.out_proj_normed, tries(d.out_proj_normed), out_ok)?;
+        } else {
+            t.state_update = pick::<gdn_state_update::Kernel>(&a.state_update, tries(d.state_update), any)?;
+            t.out_proj = pick::<gemv_bf16::Kernel>(&a.out_proj, tries(d.out_proj), out_ok)?;
+        }
+        t.check(shape, nvfp4).is_ok().then_some(t)
+    }
 }
 
-/// The GDN kernels, compiled for one device at chosen tiles.
+/// The state update and out_proj of one of the two placements of the gated norm.
+#[derive(Debug)]
+pub enum NormPath {
+    /// [`gdn_delta_rule`], then [`gdn_out_proj`] with the norm in its prologue.
+    InOutProj { delta_rule: LoadedKernel<gdn_delta_rule::Kernel>, out_proj: LoadedKernel<gdn_out_proj::Kernel> },
+    /// [`gdn_state_update`] with the norm in its last blocks, then [`gemv_bf16`].
+    InStateUpdate { state_update: LoadedKernel<gdn_state_update::Kernel>, out_proj: LoadedKernel<gemv_bf16::Kernel> },
+}
+
+/// The GDN kernels, compiled for one device at chosen tiles (only the chosen path's).
 #[derive(Debug)]
 pub struct GdnKernels {
     pub in_proj: LoadedKernel<gdn_in_proj_bf16::Kernel>,
     pub in_proj_nvfp4: LoadedKernel<gdn_in_proj_nvfp4::Kernel>,
-    pub state_update: LoadedKernel<gdn_state_update::Kernel>,
-    pub out_proj: LoadedKernel<gemv_bf16::Kernel>,
+    pub path: NormPath,
 }
 
 impl GdnKernels {
     pub fn load(gpu: &Gpu, tiles: GdnTiles) -> Result<GdnKernels> {
-        Ok(GdnKernels {
-            in_proj: gpu.kernel(tiles.in_proj)?,
-            in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?,
-            state_update: gpu.kernel(tiles.state_update)?,
-            out_proj: gpu.kernel(tiles.out_proj)?,
-        })
+        let path = if tiles.norm_in_out_proj {
+            NormPath::InOutProj {
+                delta_rule: gpu.kernel(tiles.delta_rule)?,
+                out_proj: gpu.kernel(tiles.out_proj_normed)?,
+            }
+        } else {
+            NormPath::InStateUpdate {
+                state_update: gpu.kernel(tiles.state_update)?,
+                out_proj: gpu.kernel(tiles.out_proj)?,
+            }
+        };
+        Ok(GdnKernels { in_proj: gpu.kernel(tiles.in_proj)?, in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?, path })
     }
 }
 
@@ -369,10 +456,13 @@ pub enum InProj {
     Nvfp4(gdn_in_proj_nvfp4::Args),
 }
 
-/// The three launches of one GDN pass, arguments bound.
+/// The launches of one GDN pass, arguments bound: the input projection and both paths' state
+/// update and out_proj (the kernels loaded say which pair runs).
 #[derive(Clone, Copy, Debug)]
 pub struct GdnLaunches {
     pub in_proj: InProj,
+    pub delta_rule: gdn_delta_rule::Args,
+    pub out_proj_normed: gdn_out_proj::Args,
     pub state_update: gdn_state_update::Args,
     pub out_proj: gemv_bf16::Args,
 }
@@ -483,6 +573,30 @@ impl GdnLaunches {
         };
         GdnLaunches {
             in_proj,
+            delta_rule: gdn_delta_rule::Args {
+                proj: r(proj),
+                state: w(state),
+                o: w(o),
+                key_heads: u(sh.key_heads),
+                value_heads: u(sh.value_heads),
+                dk: u(sh.key_dim),
+                dv: u(sh.value_dim),
+            },
+            out_proj_normed: gdn_out_proj::Args {
+                w: r(out_proj),
+                o: r(o),
+                proj: r(proj),
+                norm_w: r(norm),
+                y: w(a.y),
+                partial: w(out_partial),
+                counters: w(out_counters),
+                rows: u(sh.hidden),
+                cols: u(sh.z_dim()),
+                dv: u(sh.value_dim),
+                z_offset: u(sh.conv_dim()),
+                eps: sh.eps,
+                sigmoid_gate: sh.sigmoid_gate,
+            },
             state_update: gdn_state_update::Args {
                 proj: r(proj),
                 norm_w: r(norm),
@@ -524,8 +638,14 @@ impl GdnLaunches {
                     InProj::Bf16(a) => k.in_proj.launch(gpu, a),
                     InProj::Nvfp4(a) => k.in_proj_nvfp4.launch(gpu, a),
                 },
-                Stage::StateUpdate => k.state_update.launch(gpu, &self.state_update),
-                Stage::OutProj => k.out_proj.launch(gpu, &self.out_proj),
+                Stage::StateUpdate => match &k.path {
+                    NormPath::InOutProj { delta_rule, .. } => delta_rule.launch(gpu, &self.delta_rule),
+                    NormPath::InStateUpdate { state_update, .. } => state_update.launch(gpu, &self.state_update),
+                },
+                Stage::OutProj => match &k.path {
+                    NormPath::InOutProj { out_proj, .. } => out_proj.launch(gpu, &self.out_proj_normed),
+                    NormPath::InStateUpdate { out_proj, .. } => out_proj.launch(gpu, &self.out_proj),
+                },
             }
         }
     }
@@ -598,5 +718,24 @@ mod tests {
     fn default_tiles_fit_the_published_shape() {
         GdnTiles::default().check(PUBLISHED, false).expect("default tiles, bf16");
         GdnTiles::default().check(PUBLISHED, true).expect("default tiles, NVFP4");
+        for norm_in_out_proj in [true, false] {
+            for nvfp4 in [false, true] {
+                let t = GdnTiles::fitting(PUBLISHED, nvfp4, norm_in_out_proj).expect("fitting tiles");
+                assert_eq!(t, GdnTiles { norm_in_out_proj, ..GdnTiles::default() });
+            }
+        }
+    }
+
+    /// A shape off the defaults (head size 64, a narrow model) still finds tiles on both paths.
+    #[test]
+    fn fitting_tiles_for_a_small_shape() {
+        let small = GdnShape { hidden: 512, key_heads: 2, value_heads: 6, key_dim: 64, ..PUBLISHED };
+        for norm_in_out_proj in [true, false] {
+            for nvfp4 in [false, true] {
+                let t = GdnTiles::fitting(small, nvfp4, norm_in_out_proj).expect("fitting tiles");
+                assert!(t.check(small, nvfp4).is_ok());
+                assert_eq!(t.norm_in_out_proj, norm_in_out_proj);
+            }
+        }
     }
 }

@@ -19,15 +19,21 @@ use kernel_macros::kernel;
 /// row's index); lanes stream them with 16-byte loads that bypass L1, UNROLL steps in flight, and
 /// reduce with shuffles. No split-K: the ~16 k rows of the published shape give thousands of
 /// warps, every SM streams.
+///
+/// The weights are immutable, so the first EARLY steps of each lane's loads (ROWS·EARLY 16-byte
+/// loads) may go out before `grid_dependency_wait()`: with the whole grid nearly resident at once
+/// at the published shape, that streams up to EARLY/10 of the matrix while the predecessor (the
+/// previous layer's out_proj) finishes. 0 (the default until measured) waits first.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(conv_dim + z_dim + 2 * heads, WARPS * ROWS),
-    require((conv_dim + z_dim + 2 * heads) % ROWS == 0, hidden % (32 * 8) == 0),
+    require((conv_dim + z_dim + 2 * heads) % ROWS == 0, hidden % (32 * 8) == 0, hidden >= 256 * EARLY),
 )]
 pub fn gdn_in_proj_bf16(
     #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 2, candidates = [2, 4])] UNROLL: u32,
+    #[tile(default = 0, candidates = [0, 1, 2, 4])] EARLY: u32,
     w: &[bf16],
     x: &[bf16],
     conv_w: &[bf16],
@@ -40,16 +46,36 @@ pub fn gdn_in_proj_bf16(
     heads: u32,
     hidden: u32,
 ) {
+    let rows = conv_dim + z_dim + 2 * heads;
+    let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
+    // The first EARLY steps' weights, before the wait (nothing is written before it). One slot
+    // more than used: the DSL has no zero-length arrays (EARLY = 0), and ptxas drops the unused.
+    let mut early = [u32x4(0, 0, 0, 0); ROWS * EARLY + 1];
+    if row0 < rows {
+        #[unroll]
+        for t in 0..EARLY {
+            #[unroll]
+            for r in 0..ROWS {
+                early[t * ROWS + r] = load_stream::<u32x4>(w, (row0 + r) * hidden + t * 256 + lane_id() * 8);
+            }
+        }
+    }
     // Overlaps its predecessor (x is its output), and lets the state update start early.
     grid_dependency_wait();
     launch_dependents();
-    let rows = conv_dim + z_dim + 2 * heads;
-    let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
     // The whole warp agrees on this test, so its shuffles below see every lane.
     if row0 < rows {
         let mut acc = [0.0; ROWS];
+        #[unroll]
+        for t in 0..EARLY {
+            let xv = load_vec::<u32x4>(x, t * 256 + lane_id() * 8);
+            #[unroll]
+            for r in 0..ROWS {
+                acc[r] += dot_bf16x8(early[t * ROWS + r], xv);
+            }
+        }
         #[unroll(UNROLL)]
-        for k in (lane_id() * 8..hidden).step_by(32 * 8) {
+        for k in (EARLY * 256 + lane_id() * 8..hidden).step_by(32 * 8) {
             let xv = load_vec::<u32x4>(x, k);
             #[unroll]
             for r in 0..ROWS {

@@ -1,6 +1,10 @@
 //! Gated DeltaNet decode as three launches: the input projections with the conv and the gates
-//! ([`in_proj`]), the delta rule on the fp32 state with the gated norm of its output
-//! ([`state_update`]), and `out_proj` (the plain bf16 GEMV, [`crate::kernels::gemv_bf16`]).
+//! ([`in_proj`]); then either the delta rule on the fp32 state with no cross-block step
+//! ([`delta_rule`]) and out_proj with the gated norm in its prologue ([`out_proj`]), or the
+//! earlier pair: the delta rule with the gated norm in the last block of each head
+//! ([`state_update`]) and the plain bf16 GEMV ([`crate::kernels::gemv_bf16`]).
 
+pub mod delta_rule;
 pub mod in_proj;
+pub mod out_proj;
 pub mod state_update;
