@@ -26,7 +26,9 @@ Models:
                      goldens are computed on the dequantised weights.
   tiny-step          a geometry every GPU kernel of the step takes at its tiny tiles (hidden 256,
                      head sizes of 64 and 128, 16-aligned intermediates): the model the whole decode
-                     step on the device is checked against. QSA budget of 3 blocks, PLE on layer 2.
+                     step on the device is checked against. QSA budget of 3 blocks, PLE on layer 2
+                     (1-indexed, as the config counts; transformers allows PLE on linear attention
+                     layers only).
 
 `--only NAME` makes one model and leaves the others as they are.
 Every parameter gets real random values (norm weights and convs are zero at init, which would hide
@@ -119,7 +121,7 @@ TINY_STEP = dict(
     vocab_size=512,
     hidden_size=256,
     num_hidden_layers=3,
-    layer_types=["linear_attention", "qwen_sparse_attention", "linear_attention"],
+    layer_types=["linear_attention", "linear_attention", "qwen_sparse_attention"],
     num_attention_heads=6,
     num_key_value_heads=2,
     head_dim=128,
