@@ -99,3 +99,8 @@ fn tiny_dense_matches_transformers() {
 fn tiny_sparse_nvfp4_matches_transformers_on_the_dequantised_weights() {
     check("tiny-sparse-nvfp4");
 }
+
+#[test]
+fn tiny_step_matches_transformers() {
+    check("tiny-step");
+}
