@@ -215,7 +215,10 @@ fn bench_gdn(c: &mut Criterion) {
     let mut out = Sink { copy_bw, device: gpu.info().name.clone(), jsonl };
     let mut rng = Rng::fresh("gdn bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
-    let kernels = GdnKernels::load(&gpu, GdnTiles::default()).expect("compile");
+    // Both places of the gated norm: in out_proj's prologue (the delta rule), and in the state
+    // update's last blocks (the default).
+    let new_path = GdnTiles { norm_in_out_proj: true, ..GdnTiles::default() };
+    let kernels = GdnKernels::load(&gpu, new_path).expect("compile");
     let old_path = GdnTiles { norm_in_out_proj: false, ..GdnTiles::default() };
     let old_kernels = GdnKernels::load(&gpu, old_path).expect("compile");
     let mut group = c.benchmark_group("gdn");
@@ -286,7 +289,7 @@ fn bench_gdn(c: &mut Criterion) {
         })
     });
     drop(g);
-    let base = GdnTiles::default();
+    let base = new_path;
     let variants =
         gdn_delta_rule::Tiles::candidates().into_iter().map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }));
     sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), update_bytes, &mut out);
@@ -315,7 +318,8 @@ fn whole_layer(
     nvfp4: bool,
     out: &mut Sink,
 ) {
-    let base = GdnTiles::default();
+    // The sweeps of the delta rule and of out_proj with the norm need that path.
+    let base = GdnTiles { norm_in_out_proj: true, ..GdnTiles::default() };
 
     let layers: Vec<GdnWeightsOnDevice> =
         (0..LAYERS).map(|l| layer_weights(gpu, fk, rng, 1000 * l as u32 + 11, nvfp4)).collect();

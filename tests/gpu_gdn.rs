@@ -266,8 +266,8 @@ fn gdn_nvfp4_tiny_every_tile_candidate_matches_the_reference() {
 fn gdn_published_shape_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("gdn published");
-    // The defaults (the gated norm in out_proj's prologue), then the earlier path.
-    let tiles = [GdnTiles::default(), GdnTiles { norm_in_out_proj: false, ..GdnTiles::default() }];
+    // The gated norm in out_proj's prologue, then in the state update (the default).
+    let tiles = [GdnTiles { norm_in_out_proj: true, ..GdnTiles::default() }, GdnTiles::default()];
     case(&gpu, &mut rng, PUBLISHED, false, &tiles);
     case(&gpu, &mut rng, PUBLISHED, true, &tiles);
 }
