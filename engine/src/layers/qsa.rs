@@ -374,6 +374,21 @@ impl Default for QsaTiles {
 }
 
 impl QsaTiles {
+    /// The defaults, with the top-k kernel chosen for caches of `capacity` tokens: the one-block
+    /// kernel up to 16,384 blocks (64k tokens at the published 4 a block), the multi-block one
+    /// past that. On the H200 the one-block kernel is faster at 8,192 blocks (7.2 µs against
+    /// 9.2) and grows with the count (20.8 µs at 32,768 in the layer), while the multi-block one
+    /// stays near 9 µs (BENCHMARKS.md). The graph is fixed at load, so the choice goes by the
+    /// largest count the caches allow.
+    pub fn for_capacity(shape: QsaShape, capacity: usize) -> QsaTiles {
+        let top_k = if capacity / shape.block_tokens > 16_384 {
+            TopK::Grid(TileSet::DEFAULT)
+        } else {
+            TopK::OneBlock(TileSet::DEFAULT)
+        };
+        QsaTiles { top_k, ..QsaTiles::default() }
+    }
+
     /// The defaults, with each GEMV's K split lowered (to 1 at worst) until `shape` allows it
     /// (small shapes cannot split K as far as the published one), and the attention's warps set
     /// to what the head width needs (head_dim = 64·WARPS).
@@ -773,6 +788,15 @@ impl QsaLaunches {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_contexts_take_the_multi_block_top_k() {
+        let short = QsaTiles::for_capacity(PUBLISHED, 32_768);
+        let long = QsaTiles::for_capacity(PUBLISHED, 131_072);
+        assert!(matches!(short.top_k, TopK::OneBlock(_)), "{short:?}");
+        assert!(matches!(long.top_k, TopK::Grid(_)), "{long:?}");
+        assert_eq!(QsaTiles { top_k: short.top_k, ..long }, short, "only the top-k differs");
+    }
 
     const PUBLISHED: QsaShape = QsaShape {
         hidden: 2560,
