@@ -9,9 +9,10 @@
 //! - The whole layer: 8 layers with distinct weights (filled on the device), states and scratch,
 //!   one graph of 24 launches; and each of its three kernels alone (a graph of its 8 launches).
 //!   Once with a bf16 input projection, once with an NVFP4 one (out_proj is bf16 in both).
-//! - Both placements of the gated norm: in out_proj's prologue (the default: `gdn_delta_rule`,
-//!   then `gdn_out_proj`) and in the state update's last blocks (`gdn_state_update`, then the
-//!   plain GEMV), the state update alone and the whole layer.
+//! - The three placements of the gated norm (`NormAt`): in the state update's last blocks (the
+//!   default: `gdn_state_update`, then the plain GEMV), in out_proj's prologue (`gdn_delta_rule`,
+//!   then `gdn_out_proj`), and in the epilogue of the delta rule's whole-head blocks
+//!   (`gdn_delta_rule_normed`, then the plain GEMV): the state update alone and the whole layer.
 //! - Every tile candidate of the GDN kernels at the published shape, and out_proj's GEMV one
 //!   tile off its default, each kernel's graph alone; `gdn_out_proj`'s candidates also in the
 //!   whole layer's graph (its weights load before its grid dependency wait, so what it overlaps
@@ -29,13 +30,14 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::gdn::delta_rule::gdn_delta_rule;
+use engine::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
 use engine::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
 use engine::kernels::gdn::out_proj::gdn_out_proj;
 use engine::kernels::gdn::state_update::gdn_state_update;
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice,
-    InProjOnDevice, Stage,
+    InProjOnDevice, NormAt, Stage,
 };
 use flashnext::bench::replay_times;
 use flashnext::rng::Rng;
@@ -215,12 +217,14 @@ fn bench_gdn(c: &mut Criterion) {
     let mut out = Sink { copy_bw, device: gpu.info().name.clone(), jsonl };
     let mut rng = Rng::fresh("gdn bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
-    // Both places of the gated norm: in out_proj's prologue (the delta rule), and in the state
-    // update's last blocks (the default).
-    let new_path = GdnTiles { norm_in_out_proj: true, ..GdnTiles::default() };
+    // The three places of the gated norm: in out_proj's prologue (the delta rule), in the state
+    // update's last blocks (the default), in the delta rule's whole-head blocks.
+    let new_path = GdnTiles { norm_at: NormAt::OutProj, ..GdnTiles::default() };
     let kernels = GdnKernels::load(&gpu, new_path).expect("compile");
-    let old_path = GdnTiles { norm_in_out_proj: false, ..GdnTiles::default() };
+    let old_path = GdnTiles { norm_at: NormAt::StateUpdate, ..GdnTiles::default() };
     let old_kernels = GdnKernels::load(&gpu, old_path).expect("compile");
+    let block_path = GdnTiles { norm_at: NormAt::DeltaRuleBlock, ..GdnTiles::default() };
+    let block_kernels = GdnKernels::load(&gpu, block_path).expect("compile");
     let mut group = c.benchmark_group("gdn");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
 
@@ -264,6 +268,22 @@ fn bench_gdn(c: &mut Criterion) {
         &mut out,
     );
     drop(g);
+    let block_bytes = SHAPE.delta_rule_normed_bytes();
+    let g = capture(&gpu, &state_launches, &block_kernels, &[Stage::StateUpdate]);
+    report(
+        &Line {
+            bench: "gdn-state-update",
+            label: format!(
+                "gdn state update with the gated norm in whole-head blocks, gdn_delta_rule_normed ({STATE_LAYERS} layers)"
+            ),
+            layers: STATE_LAYERS,
+            launches_per_layer: 1,
+            bytes: block_bytes,
+            times: replay_times(&gpu, &g, 50),
+        },
+        &mut out,
+    );
+    drop(g);
     let update_bytes = SHAPE.delta_rule_bytes();
     let g = capture(&gpu, &state_launches, &kernels, &[Stage::StateUpdate]);
     report(
@@ -297,11 +317,15 @@ fn bench_gdn(c: &mut Criterion) {
         .into_iter()
         .map(|t| (format!("{t:?}"), GdnTiles { state_update: t, ..old_path }));
     sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), old_bytes, &mut out);
+    let variants = gdn_delta_rule_normed::Tiles::candidates()
+        .into_iter()
+        .map(|t| (format!("{t:?}"), GdnTiles { delta_rule_normed: t, ..block_path }));
+    sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), block_bytes, &mut out);
     drop(state_launches);
     drop(scratch);
     drop(states);
     for (format, nvfp4) in [("bf16", false), ("nvfp4", true)] {
-        whole_layer(&gpu, [&kernels, &old_kernels], &fk, &mut rng, &mut group, format, nvfp4, &mut out);
+        whole_layer(&gpu, [&kernels, &old_kernels, &block_kernels], &fk, &mut rng, &mut group, format, nvfp4, &mut out);
     }
     group.finish();
 }
@@ -310,7 +334,7 @@ fn bench_gdn(c: &mut Criterion) {
 #[allow(clippy::too_many_arguments)]
 fn whole_layer(
     gpu: &Gpu,
-    [kernels, old_kernels]: [&GdnKernels; 2],
+    [kernels, old_kernels, block_kernels]: [&GdnKernels; 3],
     fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
     rng: &mut Rng,
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
@@ -319,7 +343,7 @@ fn whole_layer(
     out: &mut Sink,
 ) {
     // The sweeps of the delta rule and of out_proj with the norm need that path.
-    let base = GdnTiles { norm_in_out_proj: true, ..GdnTiles::default() };
+    let base = GdnTiles { norm_at: NormAt::OutProj, ..GdnTiles::default() };
 
     let layers: Vec<GdnWeightsOnDevice> =
         (0..LAYERS).map(|l| layer_weights(gpu, fk, rng, 1000 * l as u32 + 11, nvfp4)).collect();
@@ -369,6 +393,20 @@ fn whole_layer(
             },
             out,
         );
+        let g = capture(gpu, &launches, block_kernels, &all);
+        report(
+            &Line {
+                bench: "gdn-layer",
+                label: format!(
+                    "gdn layer, {format} in_proj, bf16 out_proj, norm in the delta rule's whole-head blocks ({LAYERS} layers)"
+                ),
+                layers: LAYERS,
+                launches_per_layer: 3,
+                bytes: layer_bytes,
+                times: replay_times(gpu, &g, 50),
+            },
+            out,
+        );
     }
     if nvfp4 {
         let all_nvfp4 = SHAPE.layer_bytes_all_nvfp4();
@@ -401,6 +439,12 @@ fn whole_layer(
         (kernels, Stage::OutProj, "out_proj with the gated norm", SHAPE.out_proj_normed_bytes()),
         (old_kernels, Stage::StateUpdate, "state_update with the gated norm", SHAPE.state_update_bytes()),
         (old_kernels, Stage::OutProj, "out_proj (gemv_bf16)", out_proj_bytes),
+        (
+            block_kernels,
+            Stage::StateUpdate,
+            "delta_rule_normed (whole-head blocks, gated norm)",
+            SHAPE.delta_rule_normed_bytes(),
+        ),
     ];
     for (k, stage, label, bytes) in stages {
         let g = capture(gpu, &launches, k, &[stage]);
@@ -450,7 +494,7 @@ fn whole_layer(
         let variants = gemv_bf16::Tiles::candidates()
             .into_iter()
             .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() <= 1)
-            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, norm_in_out_proj: false, ..base }));
+            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, norm_at: NormAt::StateUpdate, ..base }));
         sweep(gpu, &launches, &[Stage::OutProj], false, variants.collect(), out_proj_bytes, out);
     }
 }

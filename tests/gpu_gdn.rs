@@ -5,14 +5,15 @@
 //! the last token, every element finite (outputs and scratch poisoned before each token). The
 //! input projection in bf16 and in NVFP4 (the reference reads the dequantised values). A tiny
 //! shape with dk ≠ dv and three value heads per key head runs every tile candidate of the GDN
-//! kernels on both placements of the gated norm (out_proj's prologue, the default, and the state
-//! update's last blocks); the published shape runs both paths' defaults. A second run of the same tokens gives the
-//! same bits. Fresh random inputs each run.
+//! kernels on the three placements of the gated norm ([`NormAt`]: out_proj's prologue, the
+//! epilogue of the delta rule's whole-head blocks, and the state update's last blocks, the
+//! default); the published shape runs every path's defaults. A second run of the same tokens
+//! gives the same bits. Fresh random inputs each run.
 
 use engine::cuda::Gpu;
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::layers::gdn::{
-    CONV_KERNEL, GdnKernels, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, enqueue,
+    CONV_KERNEL, GdnKernels, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, NormAt, enqueue,
 };
 use engine::model::config::ModelConfig;
 use engine::model::nvfp4::Nvfp4Matrix;
@@ -158,36 +159,46 @@ fn check(label: &str, want: &Expected, got: &Got) {
     );
 }
 
+/// The placements of the gated norm in the order the tiny cases run them: the norm in out_proj's
+/// prologue first (it carries the input projection's candidates), the default last.
+const PATHS: [NormAt; 3] = [NormAt::OutProj, NormAt::DeltaRuleBlock, NormAt::StateUpdate];
+
 /// On each placement of the gated norm, the tiles that fit `shape` ([`GdnTiles::fitting`]);
 /// every candidate of that path's state update and (for the norm in out_proj's prologue) its
 /// out_proj, the others at the base; for the plain GEMV (which gpu_kernels covers in full) each
-/// candidate one tile off its default; every candidate of the input projection of this format
-/// (on the first path only: it is the same launch on both): those that fit `shape`. The new path
-/// (the default) first.
+/// candidate one tile off its default (on the state update's path: the same launch on the
+/// delta rule's whole-head path); every candidate of the input projection of this format (on
+/// the first path only: it is the same launch on all): those that fit `shape`.
 fn tile_variants(shape: GdnShape, nvfp4: bool) -> Vec<GdnTiles> {
     let mut v = Vec::new();
-    for norm_in_out_proj in [true, false] {
-        let base = GdnTiles::fitting(shape, nvfp4, norm_in_out_proj)
-            .unwrap_or_else(|| panic!("no tile set fits {shape:?} (norm in out_proj {norm_in_out_proj})"));
+    for norm_at in PATHS {
+        let base = GdnTiles::fitting(shape, nvfp4, norm_at)
+            .unwrap_or_else(|| panic!("no tile set fits {shape:?} (norm at {norm_at:?})"));
         v.push(base);
-        if norm_in_out_proj {
-            // The input projection is the same launch on both paths: its candidates run once.
-            if nvfp4 {
-                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
-            } else {
-                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
+        match norm_at {
+            NormAt::OutProj => {
+                // The input projection is the same launch on every path: its candidates run once.
+                if nvfp4 {
+                    v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj_nvfp4: t, ..base }));
+                } else {
+                    v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { in_proj: t, ..base }));
+                }
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { delta_rule: t, ..base }));
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { out_proj_normed: t, ..base }));
             }
-            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { delta_rule: t, ..base }));
-            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { out_proj_normed: t, ..base }));
-        } else {
-            v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { state_update: t, ..base }));
-            let d = <gemv_bf16::Tiles as TileSet>::DEFAULT.values();
-            v.extend(
-                <gemv_bf16::Tiles as TileSet>::candidates()
-                    .into_iter()
-                    .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1)
-                    .map(|t| GdnTiles { out_proj: t, ..base }),
-            );
+            NormAt::DeltaRuleBlock => {
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { delta_rule_normed: t, ..base }));
+            }
+            NormAt::StateUpdate => {
+                v.extend(TileSet::candidates().into_iter().map(|t| GdnTiles { state_update: t, ..base }));
+                let d = <gemv_bf16::Tiles as TileSet>::DEFAULT.values();
+                v.extend(
+                    <gemv_bf16::Tiles as TileSet>::candidates()
+                        .into_iter()
+                        .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1)
+                        .map(|t| GdnTiles { out_proj: t, ..base }),
+                );
+            }
         }
     }
     let mut unique: Vec<GdnTiles> = Vec::new();
@@ -224,7 +235,7 @@ fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, tiles: &[GdnTile
         let got = run(gpu, &k, &dw, &xs);
         check(&label, &want, &got);
         // The first tile set of each path runs twice.
-        if i == 0 || tiles[i - 1].norm_in_out_proj != t.norm_in_out_proj {
+        if i == 0 || tiles[i - 1].norm_at != t.norm_at {
             let again = run(gpu, &k, &dw, &xs);
             let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(
@@ -247,7 +258,7 @@ fn gdn_tiny_every_tile_candidate_matches_the_reference() {
     // (the defaults are tuned for the published head size, which the tiny shape does not have).
     let silu = GdnShape { sigmoid_gate: false, ..TINY };
     let bases: Vec<GdnTiles> =
-        [true, false].iter().map(|&p| GdnTiles::fitting(silu, false, p).expect("fitting tiles")).collect();
+        PATHS.iter().map(|&p| GdnTiles::fitting(silu, false, p).expect("fitting tiles")).collect();
     case(&gpu, &mut rng, silu, false, &bases);
 }
 
@@ -266,8 +277,10 @@ fn gdn_nvfp4_tiny_every_tile_candidate_matches_the_reference() {
 fn gdn_published_shape_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("gdn published");
-    // The gated norm in out_proj's prologue, then in the state update (the default).
-    let tiles = [GdnTiles { norm_in_out_proj: true, ..GdnTiles::default() }, GdnTiles::default()];
+    // The gated norm in out_proj's prologue, in the delta rule's whole-head blocks, then in the
+    // state update (the default).
+    let tiles = PATHS.map(|norm_at| GdnTiles { norm_at, ..GdnTiles::default() });
+    assert_eq!(tiles[2], GdnTiles::default());
     case(&gpu, &mut rng, PUBLISHED, false, &tiles);
     case(&gpu, &mut rng, PUBLISHED, true, &tiles);
 }
@@ -306,14 +319,23 @@ fn the_tiny_shape_runs_variations_of_every_kernel() {
     for (shape, nvfp4) in [(TINY, false), (TINY_NVFP4, true)] {
         let v = tile_variants(shape, nvfp4);
         let new = v[0];
-        let old = *v.iter().find(|t| !t.norm_in_out_proj).expect("the earlier path");
+        let path = |p: NormAt| *v.iter().find(|t| t.norm_at == p).expect("every path");
+        let (block, old) = (path(NormAt::DeltaRuleBlock), path(NormAt::StateUpdate));
         let varied = |base: GdnTiles, f: fn(&GdnTiles, &GdnTiles) -> bool| {
-            v.iter().any(|t| t.norm_in_out_proj == base.norm_in_out_proj && f(t, &base))
+            v.iter().any(|t| t.norm_at == base.norm_at && f(t, &base))
         };
-        assert!(new.norm_in_out_proj);
+        assert_eq!(new.norm_at, NormAt::OutProj);
         assert!(varied(new, |t, b| t.in_proj != b.in_proj || t.in_proj_nvfp4 != b.in_proj_nvfp4), "input projection");
         assert!(varied(new, |t, b| t.delta_rule != b.delta_rule), "delta rule");
         assert!(varied(new, |t, b| t.out_proj_normed != b.out_proj_normed), "out_proj with the norm");
+        // Every fitting candidate of the whole-head delta rule (3 at dk 64, dv 128, times TRIGGER).
+        let normed: Vec<_> = v.iter().filter(|t| t.norm_at == NormAt::DeltaRuleBlock).collect();
+        let fitting = <engine::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed::Tiles as TileSet>::candidates()
+            .into_iter()
+            .filter(|c| GdnTiles { delta_rule_normed: *c, ..block }.check(shape, nvfp4).is_ok())
+            .count();
+        assert!(fitting >= 6, "whole-head delta rule: {fitting} candidates fit");
+        assert!(normed.len() >= fitting, "whole-head delta rule: {} of {fitting} candidates run", normed.len());
         assert!(varied(old, |t, b| t.state_update != b.state_update), "state update");
         assert!(varied(old, |t, b| t.out_proj != b.out_proj), "out_proj");
         println!("tiny shape, nvfp4 {nvfp4}: {} tile sets", v.len());

@@ -30,6 +30,7 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &gdn::in_proj::gdn_in_proj_nvfp4::ERASED,
     &gdn::state_update::gdn_state_update::ERASED,
     &gdn::delta_rule::gdn_delta_rule::ERASED,
+    &gdn::delta_rule_normed::gdn_delta_rule_normed::ERASED,
     &gdn::out_proj::gdn_out_proj::ERASED,
     &ple::ids::ple_ids::ERASED,
     &ple::gather_bf16::ple_gather_bf16::ERASED,

@@ -8,19 +8,24 @@
 //!    once), o = Sᵀq̂;
 //! 3. out_proj, bf16 in both formats (an NVFP4 GEMV for it is not written yet).
 //!
-//! Where the gated RMSNorm of o goes is a choice of [`GdnTiles::norm_in_out_proj`]:
+//! Where the gated RMSNorm of o goes is a choice of [`GdnTiles::norm_at`] ([`NormAt`]):
 //!
 //! - in the state update's last block of each head (the default: [`gdn_state_update`], a fence
 //!   and a counter per head), out_proj then the plain GEMV ([`gemv_bf16`]) of the normed heads;
 //! - in out_proj's prologue: [`gdn_delta_rule`] has no cross-block step at all (a warp owns whole
 //!   state columns, so no barrier and no last-block tail), and [`gdn_out_proj`] normalises the
 //!   heads of its column slice (o and z from L2) while its weights, loaded before its grid
-//!   dependency wait, are already streaming.
+//!   dependency wait, are already streaming;
+//! - in the delta rule's epilogue: [`gdn_delta_rule_normed`] gives each head one block (its
+//!   warps own whole columns as in [`gdn_delta_rule`]), so the norm is one block reduction and one
+//!   barrier, and out_proj is the plain GEMV.
 //!
 //! The second has the faster state update (H200: 2.77 µs against 5.99 alone) but the slower
 //! layer (46.45 µs against 40.42 in bf16): every out_proj block renormalises all 48 heads from
 //! L2, and that prologue costs more (18.5 µs against 10.5 for out_proj) than the state update
-//! saves. Hence the default, until the delta rule hands out_proj per-head partial sums.
+//! saves. The third keeps the plain out_proj; whole-head blocks cost the plain delta rule about
+//! 0.2 µs (2.98 µs against 2.78 at 48 blocks of 8 warps). The default stays the first until the
+//! third is measured in the layer.
 
 use half::bf16;
 use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -28,6 +33,7 @@ use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
 use crate::kernels::gdn::delta_rule::gdn_delta_rule;
+use crate::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
 use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
 use crate::kernels::gdn::out_proj::gdn_out_proj;
 use crate::kernels::gdn::state_update::gdn_state_update;
@@ -105,6 +111,13 @@ impl GdnShape {
     /// written in f32.
     pub fn delta_rule_bytes(&self) -> usize {
         8 * self.state_len() + 4 * (self.conv_dim() + 2 * self.value_heads) + 4 * self.z_dim()
+    }
+
+    /// Bytes [`gdn_delta_rule_normed`] moves: the state read and written, q, k, v, z, the gates
+    /// and the norm weight read, y written in bf16.
+    pub fn delta_rule_normed_bytes(&self) -> usize {
+        let qkvz = self.conv_dim() + self.z_dim() + 2 * self.value_heads;
+        8 * self.state_len() + 4 * qkvz + 2 * self.value_dim + 2 * self.z_dim()
     }
 
     /// Bytes [`gdn_out_proj`] moves at least: its weights, o and z read in f32, the norm weight, y.
@@ -288,7 +301,8 @@ pub struct GdnScratch {
     /// One per value head, for the gated norm's last block (the norm in the state update only).
     pub head_counters: DeviceBuffer<u32>,
     /// The gated-normed heads, the plain GEMV's input [z_dim], bf16 (the norm in the state
-    /// update only; with the norm in out_proj, x lives in each out_proj block's shared memory).
+    /// update or in the delta rule's blocks; with the norm in out_proj, x lives in each out_proj
+    /// block's shared memory).
     pub normed: DeviceBuffer<bf16>,
     /// out_proj's split-K partials [16, hidden] and tile counters [hidden] (either out_proj).
     pub out_partial: DeviceBuffer<f32>,
@@ -311,15 +325,36 @@ impl GdnScratch {
     }
 }
 
+/// Where the gated RMSNorm of the heads' outputs goes: which state update and which out_proj run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormAt {
+    /// In the state update's last block of each head: [`gdn_state_update`], then [`gemv_bf16`].
+    StateUpdate,
+    /// In out_proj's prologue: [`gdn_delta_rule`], then [`gdn_out_proj`].
+    OutProj,
+    /// In the epilogue of a delta rule with whole-head blocks: [`gdn_delta_rule_normed`], then
+    /// [`gemv_bf16`].
+    DeltaRuleBlock,
+}
+
+impl NormAt {
+    pub const ALL: [NormAt; 3] = [NormAt::StateUpdate, NormAt::OutProj, NormAt::DeltaRuleBlock];
+
+    /// Whether out_proj is the plain GEMV of the normed heads ([`gemv_bf16`]).
+    pub fn plain_out_proj(self) -> bool {
+        self != NormAt::OutProj
+    }
+}
+
 /// Tile choices for the GDN kernels, and where the gated norm goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdnTiles {
     pub in_proj: gdn_in_proj_bf16::Tiles,
     pub in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles,
-    /// The gated norm in out_proj's prologue ([`gdn_delta_rule`] then [`gdn_out_proj`]) if true;
-    /// in the state update's last blocks ([`gdn_state_update`] then [`gemv_bf16`]) if false.
-    pub norm_in_out_proj: bool,
+    /// Which state update and out_proj run.
+    pub norm_at: NormAt,
     pub delta_rule: gdn_delta_rule::Tiles,
+    pub delta_rule_normed: gdn_delta_rule_normed::Tiles,
     pub out_proj_normed: gdn_out_proj::Tiles,
     pub state_update: gdn_state_update::Tiles,
     pub out_proj: gemv_bf16::Tiles,
@@ -331,8 +366,9 @@ impl Default for GdnTiles {
             in_proj: TileSet::DEFAULT,
             in_proj_nvfp4: TileSet::DEFAULT,
             // The faster layer on the H200 (module docs).
-            norm_in_out_proj: false,
+            norm_at: NormAt::StateUpdate,
             delta_rule: TileSet::DEFAULT,
+            delta_rule_normed: TileSet::DEFAULT,
             out_proj_normed: TileSet::DEFAULT,
             state_update: TileSet::DEFAULT,
             // out_proj is 2560 × 6144: split K four ways so its 320 row tiles fill the SMs
@@ -352,12 +388,17 @@ impl GdnTiles {
             InProj::Bf16(args) => gdn_in_proj_bf16::Kernel::launch_dims(&self.in_proj, args)?,
             InProj::Nvfp4(args) => gdn_in_proj_nvfp4::Kernel::launch_dims(&self.in_proj_nvfp4, args)?,
         };
-        let (kernel, dims) = if self.norm_in_out_proj {
-            gdn_delta_rule::Kernel::launch_dims(&self.delta_rule, &a.delta_rule)?;
-            ("gdn_out_proj", gdn_out_proj::Kernel::launch_dims(&self.out_proj_normed, &a.out_proj_normed)?)
-        } else {
-            gdn_state_update::Kernel::launch_dims(&self.state_update, &a.state_update)?;
+        match self.norm_at {
+            NormAt::StateUpdate => gdn_state_update::Kernel::launch_dims(&self.state_update, &a.state_update)?,
+            NormAt::OutProj => gdn_delta_rule::Kernel::launch_dims(&self.delta_rule, &a.delta_rule)?,
+            NormAt::DeltaRuleBlock => {
+                gdn_delta_rule_normed::Kernel::launch_dims(&self.delta_rule_normed, &a.delta_rule_normed)?
+            }
+        };
+        let (kernel, dims) = if self.norm_at.plain_out_proj() {
             ("gemv_bf16", gemv_bf16::Kernel::launch_dims(&self.out_proj, &a.out_proj)?)
+        } else {
+            ("gdn_out_proj", gdn_out_proj::Kernel::launch_dims(&self.out_proj_normed, &a.out_proj_normed)?)
         };
         // out_proj's counters and partials are sized for at most `hidden` row tiles and 16 splits.
         if dims.grid[0] as usize > shape.hidden || dims.grid[1] as usize > MAX_OUT_SPLIT {
@@ -373,7 +414,7 @@ impl GdnTiles {
     /// defaults are tuned for the published head size and width), otherwise at its first
     /// candidate that fits (out_proj's GEMV trying the layer's split first, then its own unsplit
     /// default). None if some kernel has no candidate that fits.
-    pub fn fitting(shape: GdnShape, nvfp4: bool, norm_in_out_proj: bool) -> Option<GdnTiles> {
+    pub fn fitting(shape: GdnShape, nvfp4: bool, norm_at: NormAt) -> Option<GdnTiles> {
         use kernel_dsl::{KernelDef, LaunchDims};
         /// The first of `tries` whose launch fits, `scratch_ok` included.
         fn pick<K: KernelDef>(
@@ -394,31 +435,44 @@ impl GdnTiles {
         // (the published shape's rows; every candidate has at least one row a tile).
         let out_ok = |d: &LaunchDims| d.grid[1] as usize <= MAX_OUT_SPLIT;
         let d = GdnTiles::default();
-        let mut t = GdnTiles { norm_in_out_proj, ..d };
+        let mut t = GdnTiles { norm_at, ..d };
         match &a.in_proj {
             InProj::Bf16(args) => t.in_proj = pick::<gdn_in_proj_bf16::Kernel>(args, tries(d.in_proj), any)?,
             InProj::Nvfp4(args) => {
                 t.in_proj_nvfp4 = pick::<gdn_in_proj_nvfp4::Kernel>(args, tries(d.in_proj_nvfp4), any)?
             }
         }
-        if norm_in_out_proj {
-            t.delta_rule = pick::<gdn_delta_rule::Kernel>(&a.delta_rule, tries(d.delta_rule), any)?;
-            t.out_proj_normed = pick::<gdn_out_proj::Kernel>(&a.out_proj_normed, tries(d.out_proj_normed), out_ok)?;
-        } else {
-            t.state_update = pick::<gdn_state_update::Kernel>(&a.state_update, tries(d.state_update), any)?;
+        match norm_at {
+            NormAt::StateUpdate => {
+                t.state_update = pick::<gdn_state_update::Kernel>(&a.state_update, tries(d.state_update), any)?
+            }
+            NormAt::OutProj => t.delta_rule = pick::<gdn_delta_rule::Kernel>(&a.delta_rule, tries(d.delta_rule), any)?,
+            NormAt::DeltaRuleBlock => {
+                t.delta_rule_normed =
+                    pick::<gdn_delta_rule_normed::Kernel>(&a.delta_rule_normed, tries(d.delta_rule_normed), any)?
+            }
+        }
+        if norm_at.plain_out_proj() {
             t.out_proj = pick::<gemv_bf16::Kernel>(&a.out_proj, tries(d.out_proj), out_ok)?;
+        } else {
+            t.out_proj_normed = pick::<gdn_out_proj::Kernel>(&a.out_proj_normed, tries(d.out_proj_normed), out_ok)?;
         }
         t.check(shape, nvfp4).is_ok().then_some(t)
     }
 }
 
-/// The state update and out_proj of one of the two placements of the gated norm.
+/// The state update and out_proj of one of the three placements of the gated norm.
 #[derive(Debug)]
 pub enum NormPath {
     /// [`gdn_delta_rule`], then [`gdn_out_proj`] with the norm in its prologue.
     InOutProj { delta_rule: LoadedKernel<gdn_delta_rule::Kernel>, out_proj: LoadedKernel<gdn_out_proj::Kernel> },
     /// [`gdn_state_update`] with the norm in its last blocks, then [`gemv_bf16`].
     InStateUpdate { state_update: LoadedKernel<gdn_state_update::Kernel>, out_proj: LoadedKernel<gemv_bf16::Kernel> },
+    /// [`gdn_delta_rule_normed`] with the norm in its whole-head blocks, then [`gemv_bf16`].
+    InDeltaRuleBlock {
+        delta_rule: LoadedKernel<gdn_delta_rule_normed::Kernel>,
+        out_proj: LoadedKernel<gemv_bf16::Kernel>,
+    },
 }
 
 /// The GDN kernels, compiled for one device at chosen tiles (only the chosen path's).
@@ -431,16 +485,19 @@ pub struct GdnKernels {
 
 impl GdnKernels {
     pub fn load(gpu: &Gpu, tiles: GdnTiles) -> Result<GdnKernels> {
-        let path = if tiles.norm_in_out_proj {
-            NormPath::InOutProj {
+        let path = match tiles.norm_at {
+            NormAt::OutProj => NormPath::InOutProj {
                 delta_rule: gpu.kernel(tiles.delta_rule)?,
                 out_proj: gpu.kernel(tiles.out_proj_normed)?,
-            }
-        } else {
-            NormPath::InStateUpdate {
+            },
+            NormAt::StateUpdate => NormPath::InStateUpdate {
                 state_update: gpu.kernel(tiles.state_update)?,
                 out_proj: gpu.kernel(tiles.out_proj)?,
-            }
+            },
+            NormAt::DeltaRuleBlock => NormPath::InDeltaRuleBlock {
+                delta_rule: gpu.kernel(tiles.delta_rule_normed)?,
+                out_proj: gpu.kernel(tiles.out_proj)?,
+            },
         };
         Ok(GdnKernels { in_proj: gpu.kernel(tiles.in_proj)?, in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?, path })
     }
@@ -461,12 +518,13 @@ pub enum InProj {
     Nvfp4(gdn_in_proj_nvfp4::Args),
 }
 
-/// The launches of one GDN pass, arguments bound: the input projection and both paths' state
+/// The launches of one GDN pass, arguments bound: the input projection and every path's state
 /// update and out_proj (the kernels loaded say which pair runs).
 #[derive(Clone, Copy, Debug)]
 pub struct GdnLaunches {
     pub in_proj: InProj,
     pub delta_rule: gdn_delta_rule::Args,
+    pub delta_rule_normed: gdn_delta_rule_normed::Args,
     pub out_proj_normed: gdn_out_proj::Args,
     pub state_update: gdn_state_update::Args,
     pub out_proj: gemv_bf16::Args,
@@ -587,6 +645,18 @@ impl GdnLaunches {
                 dk: u(sh.key_dim),
                 dv: u(sh.value_dim),
             },
+            delta_rule_normed: gdn_delta_rule_normed::Args {
+                proj: r(proj),
+                norm_w: r(norm),
+                state: w(state),
+                y: w(normed),
+                key_heads: u(sh.key_heads),
+                value_heads: u(sh.value_heads),
+                dk: u(sh.key_dim),
+                dv: u(sh.value_dim),
+                eps: sh.eps,
+                sigmoid_gate: sh.sigmoid_gate,
+            },
             out_proj_normed: gdn_out_proj::Args {
                 w: r(out_proj),
                 o: r(o),
@@ -646,10 +716,13 @@ impl GdnLaunches {
                 Stage::StateUpdate => match &k.path {
                     NormPath::InOutProj { delta_rule, .. } => delta_rule.launch(gpu, &self.delta_rule),
                     NormPath::InStateUpdate { state_update, .. } => state_update.launch(gpu, &self.state_update),
+                    NormPath::InDeltaRuleBlock { delta_rule, .. } => delta_rule.launch(gpu, &self.delta_rule_normed),
                 },
                 Stage::OutProj => match &k.path {
                     NormPath::InOutProj { out_proj, .. } => out_proj.launch(gpu, &self.out_proj_normed),
-                    NormPath::InStateUpdate { out_proj, .. } => out_proj.launch(gpu, &self.out_proj),
+                    NormPath::InStateUpdate { out_proj, .. } | NormPath::InDeltaRuleBlock { out_proj, .. } => {
+                        out_proj.launch(gpu, &self.out_proj)
+                    }
                 },
             }
         }
@@ -723,23 +796,23 @@ mod tests {
     fn default_tiles_fit_the_published_shape() {
         GdnTiles::default().check(PUBLISHED, false).expect("default tiles, bf16");
         GdnTiles::default().check(PUBLISHED, true).expect("default tiles, NVFP4");
-        for norm_in_out_proj in [true, false] {
+        for norm_at in NormAt::ALL {
             for nvfp4 in [false, true] {
-                let t = GdnTiles::fitting(PUBLISHED, nvfp4, norm_in_out_proj).expect("fitting tiles");
-                assert_eq!(t, GdnTiles { norm_in_out_proj, ..GdnTiles::default() });
+                let t = GdnTiles::fitting(PUBLISHED, nvfp4, norm_at).expect("fitting tiles");
+                assert_eq!(t, GdnTiles { norm_at, ..GdnTiles::default() });
             }
         }
     }
 
-    /// A shape off the defaults (head size 64, a narrow model) still finds tiles on both paths.
+    /// A shape off the defaults (head size 64, a narrow model) still finds tiles on every path.
     #[test]
     fn fitting_tiles_for_a_small_shape() {
         let small = GdnShape { hidden: 512, key_heads: 2, value_heads: 6, key_dim: 64, ..PUBLISHED };
-        for norm_in_out_proj in [true, false] {
+        for norm_at in NormAt::ALL {
             for nvfp4 in [false, true] {
-                let t = GdnTiles::fitting(small, nvfp4, norm_in_out_proj).expect("fitting tiles");
+                let t = GdnTiles::fitting(small, nvfp4, norm_at).expect("fitting tiles");
                 assert!(t.check(small, nvfp4).is_ok());
-                assert_eq!(t.norm_in_out_proj, norm_in_out_proj);
+                assert_eq!(t.norm_at, norm_at);
             }
         }
     }

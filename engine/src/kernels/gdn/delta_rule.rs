@@ -2,7 +2,8 @@
 //! owns whole state columns (all dk rows of them), so the state update needs no barrier, no
 //! shared memory and no last-block tail. Its output o goes out in f32; the gated RMSNorm over a
 //! head's dv outputs (the only coupling between columns) is done by out_proj's prologue
-//! ([`super::out_proj::gdn_out_proj`]).
+//! ([`super::out_proj::gdn_out_proj`]), or, with whole-head blocks, in the epilogue of its
+//! sibling [`super::delta_rule_normed::gdn_delta_rule_normed`].
 
 use kernel_macros::kernel;
 
