@@ -10,22 +10,23 @@
 //!
 //! Where the gated RMSNorm of o goes is a choice of [`GdnTiles::norm_at`] ([`NormAt`]):
 //!
-//! - in the state update's last block of each head (the default: [`gdn_state_update`], a fence
-//!   and a counter per head), out_proj then the plain GEMV ([`gemv_bf16`]) of the normed heads;
+//! - in the state update's last block of each head ([`gdn_state_update`], a fence and a counter
+//!   per head), out_proj then the plain GEMV ([`gemv_bf16`]) of the normed heads: the first
+//!   version;
 //! - in out_proj's prologue: [`gdn_delta_rule`] has no cross-block step at all (a warp owns whole
 //!   state columns, so no barrier and no last-block tail), and [`gdn_out_proj`] normalises the
 //!   heads of its column slice (o and z from L2) while its weights, loaded before its grid
 //!   dependency wait, are already streaming;
-//! - in the delta rule's epilogue: [`gdn_delta_rule_normed`] gives each head one block (its
-//!   warps own whole columns as in [`gdn_delta_rule`]), so the norm is one block reduction and one
-//!   barrier, and out_proj is the plain GEMV.
+//! - in the delta rule's epilogue (the default): [`gdn_delta_rule_normed`] gives each head one
+//!   block (its warps own whole columns as in [`gdn_delta_rule`]), so the norm is one block
+//!   reduction and one barrier, and out_proj is the plain GEMV.
 //!
 //! The second has the faster state update (H200: 2.77 µs against 5.99 alone) but the slower
 //! layer (46.45 µs against 40.42 in bf16): every out_proj block renormalises all 48 heads from
 //! L2, and that prologue costs more (18.5 µs against 10.5 for out_proj) than the state update
-//! saves. The third keeps the plain out_proj; whole-head blocks cost the plain delta rule about
-//! 0.2 µs (2.98 µs against 2.78 at 48 blocks of 8 warps). The default stays the first until the
-//! third is measured in the layer.
+//! saves. The third keeps the plain out_proj and is the fastest layer (H200, one call: 39.08 µs
+//! in bf16 against 40.51 for the first and 46.67 for the second; NVFP4 input projection 36.72
+//! against 37.27), its state update with the norm 3.56 µs against 5.98.
 
 use half::bf16;
 use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -366,7 +367,8 @@ impl Default for GdnTiles {
             in_proj: TileSet::DEFAULT,
             in_proj_nvfp4: TileSet::DEFAULT,
             // The faster layer on the H200 (module docs).
-            norm_at: NormAt::StateUpdate,
+            // The fastest layer on the H200 (module docs).
+            norm_at: NormAt::DeltaRuleBlock,
             delta_rule: TileSet::DEFAULT,
             delta_rule_normed: TileSet::DEFAULT,
             out_proj_normed: TileSet::DEFAULT,
