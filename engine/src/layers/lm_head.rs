@@ -47,6 +47,12 @@ pub struct LmHead {
     counter: DeviceBuffer<u32>,
 }
 
+/// One launch's arguments, in the weights' format.
+enum Args {
+    Bf16(lm_head_argmax_bf16::Args),
+    Nvfp4(lm_head_argmax_nvfp4::Args),
+}
+
 #[derive(Debug)]
 enum LmHeadKernel {
     Bf16(LoadedKernel<lm_head_argmax_bf16::Kernel>),
@@ -132,51 +138,54 @@ impl LmHead {
         }
     }
 
+    /// Both kernels' arguments for these addresses of x, the logits and the token (0 for each
+    /// when only the shape is checked): one builder for the check and the launch.
+    fn args(&self, x: u64, logits: u64, token: u64) -> Args {
+        let (vocab, hidden, blocks) = (self.vocab as u32, self.hidden as u32, self.blocks);
+        let (best_key, best_row, counter) =
+            (self.best_key.ptr().addr(), self.best_row.ptr().addr(), self.counter.ptr().addr());
+        match &self.weights {
+            LmHeadWeights::Bf16(w) => Args::Bf16(lm_head_argmax_bf16::Args {
+                w: w.ptr(),
+                x: DevPtr::from_addr(x),
+                logits: DevPtrMut::from_addr(logits),
+                best_key: DevPtrMut::from_addr(best_key),
+                best_row: DevPtrMut::from_addr(best_row),
+                counter: DevPtrMut::from_addr(counter),
+                token: DevPtrMut::from_addr(token),
+                vocab,
+                hidden,
+                blocks,
+            }),
+            LmHeadWeights::Nvfp4 { packed, scales, scale2 } => Args::Nvfp4(lm_head_argmax_nvfp4::Args {
+                packed: packed.ptr(),
+                scales: scales.ptr(),
+                scale2: scale2.ptr(),
+                x: DevPtr::from_addr(x),
+                logits: DevPtrMut::from_addr(logits),
+                best_key: DevPtrMut::from_addr(best_key),
+                best_row: DevPtrMut::from_addr(best_row),
+                counter: DevPtrMut::from_addr(counter),
+                token: DevPtrMut::from_addr(token),
+                vocab,
+                hidden,
+                blocks,
+            }),
+        }
+    }
+
     fn check(&self) -> Result<()> {
         use kernel_dsl::KernelDef;
-        // Only the shape matters here: the addresses are placeholders.
-        fn r<T>() -> DevPtr<T> {
-            DevPtr::from_addr(0)
-        }
-        fn w<T>() -> DevPtrMut<T> {
-            DevPtrMut::from_addr(0)
-        }
-        let (vocab, hidden, blocks) = (self.vocab as u32, self.hidden as u32, self.blocks);
-        let dims = match &self.kernel {
-            LmHeadKernel::Bf16(k) => {
-                let a = lm_head_argmax_bf16::Args {
-                    w: r(),
-                    x: r(),
-                    logits: w(),
-                    best_key: w(),
-                    best_row: w(),
-                    counter: w(),
-                    token: w(),
-                    vocab,
-                    hidden,
-                    blocks,
-                };
-                lm_head_argmax_bf16::Kernel::launch_dims(k.tiles(), &a)
+        let dims = match (&self.kernel, self.args(0, 0, 0)) {
+            (LmHeadKernel::Bf16(k), Args::Bf16(a)) => {
+                lm_head_argmax_bf16::Kernel::launch_dims(k.tiles(), &a).map(|_| ())
             }
-            LmHeadKernel::Nvfp4(k) => {
-                let a = lm_head_argmax_nvfp4::Args {
-                    packed: r(),
-                    scales: r(),
-                    scale2: r(),
-                    x: r(),
-                    logits: w(),
-                    best_key: w(),
-                    best_row: w(),
-                    counter: w(),
-                    token: w(),
-                    vocab,
-                    hidden,
-                    blocks,
-                };
-                lm_head_argmax_nvfp4::Kernel::launch_dims(k.tiles(), &a)
+            (LmHeadKernel::Nvfp4(k), Args::Nvfp4(a)) => {
+                lm_head_argmax_nvfp4::Kernel::launch_dims(k.tiles(), &a).map(|_| ())
             }
+            _ => unreachable!("the kernel is compiled for the weights' format"),
         };
-        dims.map(|_| ()).map_err(|e| Error::Buffer(format!("lm_head {vocab} × {hidden}: {e}")))
+        dims.map_err(|e| Error::Buffer(format!("lm_head {} × {}: {e}", self.vocab, self.hidden)))
     }
 
     /// Enqueues logits = lm_head·x ([vocab] f32) and `token[0]` = the lowest id of the largest
@@ -198,45 +207,16 @@ impl LmHead {
                 token.len()
             )));
         }
-        let (vocab, hidden, blocks) = (self.vocab as u32, self.hidden as u32, self.blocks);
-        match (&self.kernel, &self.weights) {
-            (LmHeadKernel::Bf16(k), LmHeadWeights::Bf16(w)) => {
-                let a = lm_head_argmax_bf16::Args {
-                    w: w.ptr(),
-                    x: x.ptr(),
-                    logits: logits.ptr_mut(),
-                    best_key: self.best_key.ptr_mut(),
-                    best_row: self.best_row.ptr_mut(),
-                    counter: self.counter.ptr_mut(),
-                    token: token.ptr_mut(),
-                    vocab,
-                    hidden,
-                    blocks,
-                };
-                // SAFETY: w is vocab × hidden, x hidden, logits ≥ vocab, the partials `blocks`,
-                // counter and token one each, all checked above or sized at construction.
-                unsafe { k.launch(gpu, &a) }
+        let args = self.args(x.ptr().addr(), logits.ptr_mut().addr(), token.ptr_mut().addr());
+        // SAFETY: the weights are vocab × hidden (bf16, or codes vocab × hidden/2 and scales
+        // vocab × hidden/16, checked at upload), x hidden, logits ≥ vocab, the partials `blocks`,
+        // counter and token one each: all checked above or sized at construction.
+        unsafe {
+            match (&self.kernel, &args) {
+                (LmHeadKernel::Bf16(k), Args::Bf16(a)) => k.launch(gpu, a),
+                (LmHeadKernel::Nvfp4(k), Args::Nvfp4(a)) => k.launch(gpu, a),
+                _ => unreachable!("the kernel is compiled for the weights' format"),
             }
-            (LmHeadKernel::Nvfp4(k), LmHeadWeights::Nvfp4 { packed, scales, scale2 }) => {
-                let a = lm_head_argmax_nvfp4::Args {
-                    packed: packed.ptr(),
-                    scales: scales.ptr(),
-                    scale2: scale2.ptr(),
-                    x: x.ptr(),
-                    logits: logits.ptr_mut(),
-                    best_key: self.best_key.ptr_mut(),
-                    best_row: self.best_row.ptr_mut(),
-                    counter: self.counter.ptr_mut(),
-                    token: token.ptr_mut(),
-                    vocab,
-                    hidden,
-                    blocks,
-                };
-                // SAFETY: as for bf16, with the codes vocab × hidden/2 and the scales
-                // vocab × hidden/16 (checked at upload).
-                unsafe { k.launch(gpu, &a) }
-            }
-            _ => unreachable!("the kernel is compiled for the weights' format"),
         }
     }
 
