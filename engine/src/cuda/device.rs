@@ -14,6 +14,7 @@ use kernel_dsl::{Arch, KernelDef, KernelKey};
 
 use super::buffer::DeviceBuffer;
 use super::cache::{self, CompileCache};
+use super::host_mapped::MappedHostBuffer;
 use super::kernel::LoadedKernel;
 use crate::error::{DriverContext, Error, Result};
 
@@ -201,6 +202,21 @@ impl Gpu {
         // SAFETY: both ranges are `n` bytes of live buffers, and they are distinct allocations.
         unsafe { cudarc::driver::result::memcpy_dtod_async(d, s, n, self.stream.cu_stream()) }
             .during("copying on the device")
+    }
+
+    /// Copies pinned mapped host memory into `dst` (equal lengths), asynchronously on the stream:
+    /// the per-token upload of a few words, which a graph replay enqueued after it then reads.
+    /// The host must not change `src` until the stream has passed the copy.
+    pub fn copy_from_pinned<T: Pod>(&self, src: &MappedHostBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::Buffer(format!("copying {} elements into a buffer of {}", src.len(), dst.len())));
+        }
+        let n = dst.size_bytes();
+        let (d, _b) = dst.bytes.device_ptr_mut(&self.stream);
+        // SAFETY: `src` is mapped pinned memory whose device address reads `n` bytes, `dst` a live
+        // buffer of `n` bytes; unified addressing lets the copy engine take the mapped address.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(d, src.ptr().addr(), n, self.stream.cu_stream()) }
+            .during("copying pinned host memory to the device")
     }
 
     /// Kernel `K` at `tiles`, compiled for this device (through the caches) and loaded.

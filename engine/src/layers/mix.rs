@@ -269,6 +269,31 @@ impl Default for MixTiles {
 }
 
 impl MixTiles {
+    /// Each launch at its default tiles where they take `shape`, else at its first declared
+    /// candidate that does (small shapes cannot take the published shape's splits); None when no
+    /// candidate takes it.
+    pub fn fitting(shape: MixShape) -> Option<MixTiles> {
+        use kernel_dsl::KernelDef;
+        fn first<T: TileSet>(fits: impl Fn(&T) -> bool) -> Option<T> {
+            std::iter::once(T::DEFAULT).chain(T::candidates()).find(|t| fits(t))
+        }
+        let a = Addresses::default();
+        let (
+            MixLaunches { down: Down::Bf16(db), up: Up::Bf16(ub) },
+            MixLaunches { down: Down::Nvfp4(dn), up: Up::Nvfp4(un) },
+        ) = (MixLaunches::build(shape, &a, false, true), MixLaunches::build(shape, &a, true, true))
+        else {
+            unreachable!("build makes the format it is asked for")
+        };
+        let t = MixTiles {
+            down_bf16: first(|t| mix_down_bf16::Kernel::launch_dims(t, &db).is_ok())?,
+            up_bf16: first(|t| mix_up_bf16::Kernel::launch_dims(t, &ub).is_ok())?,
+            down_nvfp4: first(|t| mix_down_nvfp4::Kernel::launch_dims(t, &dn).is_ok())?,
+            up_nvfp4: first(|t| mix_up_nvfp4::Kernel::launch_dims(t, &un).is_ok())?,
+        };
+        t.check(shape).ok().map(|()| t)
+    }
+
     /// Whether these tiles can run `shape` in both formats: each kernel's requirements, checked
     /// as a launch would check them (the addresses do not matter to the checks).
     pub fn check(&self, shape: MixShape) -> std::result::Result<(), kernel_dsl::LaunchError> {

@@ -265,6 +265,29 @@ impl Default for MoeTiles {
 }
 
 impl MoeTiles {
+    /// Each launch at its default tiles where they take `shape`, else at its first declared
+    /// candidate that does; None when no candidate takes it.
+    pub fn fitting(shape: MoeShape) -> Option<MoeTiles> {
+        use kernel_dsl::KernelDef;
+        fn first<T: TileSet>(fits: impl Fn(&T) -> bool) -> Option<T> {
+            std::iter::once(T::DEFAULT).chain(T::candidates()).find(|t| fits(t))
+        }
+        let (b, n) = (MoeLaunches::unbound(shape, false), MoeLaunches::unbound(shape, true));
+        let (GateUp::Bf16(gb), Down::Bf16(db), GateUp::Nvfp4(gn), Down::Nvfp4(dn)) =
+            (b.gate_up, b.down, n.gate_up, n.down)
+        else {
+            unreachable!("unbound makes the format it is asked for")
+        };
+        let t = MoeTiles {
+            router: first(|t| moe_router::Kernel::launch_dims(t, &b.router).is_ok())?,
+            gate_up_nvfp4: first(|t| moe_gate_up_nvfp4::Kernel::launch_dims(t, &gn).is_ok())?,
+            down_nvfp4: first(|t| moe_down_nvfp4::Kernel::launch_dims(t, &dn).is_ok())?,
+            gate_up_bf16: first(|t| moe_gate_up_bf16::Kernel::launch_dims(t, &gb).is_ok())?,
+            down_bf16: first(|t| moe_down_bf16::Kernel::launch_dims(t, &db).is_ok())?,
+        };
+        t.check(shape).ok().map(|()| t)
+    }
+
     /// Whether these tiles can run `shape`: each kernel's requirements, checked as a launch would
     /// check them (the addresses do not matter to the checks).
     pub fn check(&self, shape: MoeShape) -> std::result::Result<(), kernel_dsl::LaunchError> {

@@ -208,6 +208,9 @@ pub struct QsaContext {
     pub rope: DeviceBuffer<f32>,
     /// [1]: the position of the token being decoded.
     pub position: DeviceBuffer<u32>,
+    /// Where the launches read the position: `position` unless
+    /// [`QsaContext::read_position_at`] moved it into the step's per-token metadata.
+    position_at: u64,
 }
 
 impl QsaContext {
@@ -218,7 +221,22 @@ impl QsaContext {
             return Err(Error::Buffer(format!("QSA: a context of {capacity} tokens does not fit 32-bit positions")));
         }
         let rope = Rope::new(shape.rope_theta, shape.rotary);
-        Ok(QsaContext { capacity, rope: gpu.upload(&rope.table(capacity))?, position: gpu.upload(&[0u32])? })
+        let position = gpu.upload(&[0u32])?;
+        Ok(QsaContext {
+            capacity,
+            rope: gpu.upload(&rope.table(capacity))?,
+            position_at: position.ptr().addr(),
+            position,
+        })
+    }
+
+    /// Makes the launches built after this read the position from `word` (the step's per-token
+    /// metadata, uploaded with the token in one copy) instead of this context's own word;
+    /// [`QsaContext::set_position`] then no longer reaches them. The word must outlive the
+    /// launches, and whoever writes it must keep it below [`QsaContext::capacity`]
+    /// ([`check_position`]).
+    pub fn read_position_at(&mut self, word: DevPtr<u32>) {
+        self.position_at = word.addr();
     }
 
     /// Tokens the caches built for this context hold.
@@ -577,7 +595,7 @@ impl QsaLaunches {
                 w.index_q_norm.ptr().addr(),
                 w.index_k_norm.ptr().addr(),
             ],
-            ctx: [ctx.rope.ptr().addr(), ctx.position.ptr_mut().addr()],
+            ctx: [ctx.rope.ptr().addr(), ctx.position_at],
             caches: [
                 caches.k.ptr_mut().addr(),
                 caches.v.ptr_mut().addr(),
