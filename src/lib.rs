@@ -3,5 +3,6 @@
 
 pub mod bench;
 pub mod compare;
+pub mod goldens;
 pub mod gpu;
 pub mod rng;

@@ -4,43 +4,10 @@
 //! continuation token for token.
 
 use flashnext::compare::rel_l2;
-use std::path::{Path, PathBuf};
+use flashnext::goldens::{data, load as goldens};
 
 use engine::model::weights::ModelWeights;
 use engine::reference::decoder::Decoder;
-use safetensors::SafeTensors;
-
-struct Goldens {
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    /// [T, V]
-    logits: Vec<f32>,
-    /// [L, prompt_len, n·d]
-    hidden: Vec<f32>,
-}
-
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
-}
-
-fn goldens(dir: &Path) -> Goldens {
-    let bytes = std::fs::read(dir.join("goldens.safetensors")).expect("goldens.safetensors");
-    let st = SafeTensors::deserialize(&bytes).expect("a safetensors file");
-    let f32s = |name: &str| -> Vec<f32> {
-        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-    };
-    let i64s = |name: &str| -> Vec<i64> {
-        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()
-    };
-    Goldens {
-        tokens: i64s("tokens").into_iter().map(|t| t as u32).collect(),
-        prompt_len: i64s("prompt_len")[0] as usize,
-        logits: f32s("logits"),
-        hidden: f32s("hidden"),
-    }
-}
 
 fn check(name: &str) {
     let dir = data(name);

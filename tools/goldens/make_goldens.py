@@ -25,7 +25,7 @@ Models:
   tiny-sparse-nvfp4  tiny-sparse with its linear weights quantised to NVFP4 (ModelOpt layout); the
                      goldens are computed on the dequantised weights.
   tiny-step          a geometry every GPU kernel of the step takes at its tiny tiles (hidden 256,
-                     head sizes of 64 and 128, 16-aligned intermediates): the model the whole decode
+                     head sizes of 64 and 128, 16-aligned intermediates, GDN heads whose output width is a multiple of 128): the model the whole decode
                      step on the device is checked against. QSA budget of 3 blocks, PLE on layer 2
                      (1-indexed, as the config counts; transformers allows PLE on linear attention
                      layers only).
@@ -115,8 +115,9 @@ TINY_DENSE = dict(
 )
 
 # The published model's shape rules at a tiny size: hidden a multiple of 256 (the GEMVs' 16-byte
-# lanes over a warp), GDN heads of 64 with three value heads per key head, QSA heads of 128 with
-# 32 rotary dims and index heads of 32, intermediates multiples of 16 (NVFP4 blocks).
+# lanes over a warp), GDN heads of 64 with four value heads per key head (out_proj's GEMV takes
+# 4·64 = 256 columns; three heads' 192 do not divide into its 128-column steps), QSA heads of 128
+# with 32 rotary dims and index heads of 32, intermediates multiples of 16 (NVFP4 blocks).
 TINY_STEP = dict(
     vocab_size=512,
     hidden_size=256,
@@ -127,7 +128,7 @@ TINY_STEP = dict(
     head_dim=128,
     rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
     linear_num_key_heads=1,
-    linear_num_value_heads=3,
+    linear_num_value_heads=4,
     linear_key_head_dim=64,
     linear_value_head_dim=64,
     linear_conv_kernel_dim=4,

@@ -42,6 +42,10 @@ pub struct Decoder<'w> {
     mixers: Vec<MixerState>,
     ples: Vec<Option<PleState>>,
     position: usize,
+    /// Per layer, the last step's router margin: the gap between the k-th and the (k+1)-th
+    /// largest router logit. Where it is tiny, an implementation computing in lower precision may
+    /// route to another expert, a discrete change the logits cannot be expected to absorb.
+    router_margins: Vec<f32>,
 }
 
 impl<'w> Decoder<'w> {
@@ -53,6 +57,7 @@ impl<'w> Decoder<'w> {
             mixers: vec![],
             ples: vec![],
             position: 0,
+            router_margins: vec![],
         };
         d.reset();
         d
@@ -83,6 +88,11 @@ impl<'w> Decoder<'w> {
         self.position
     }
 
+    /// Per layer, the last step's router margin (see the field).
+    pub fn router_margins(&self) -> &[f32] {
+        &self.router_margins
+    }
+
     /// The state of each layer's token mixer.
     pub fn mixer_states(&self) -> &[MixerState] {
         &self.mixers
@@ -108,6 +118,7 @@ impl<'w> Decoder<'w> {
         let (n, d, eps, pos) = (cfg.hc_streams, cfg.hidden_size, cfg.rms_norm_eps, self.position);
         let e = &w.embed[token as usize * d..(token as usize + 1) * d];
         let mut streams: Vec<f32> = (0..n).flat_map(|_| e.iter().copied()).collect();
+        self.router_margins.clear();
         for (l, layer) in w.layers.iter().enumerate() {
             if let (Some(pw), Some(ps)) = (&layer.ple, &mut self.ples[l]) {
                 let add = ple(&streams, token, pw, cfg, ps);
@@ -121,6 +132,7 @@ impl<'w> Decoder<'w> {
             };
             write(&mut streams, m.gains.as_deref().unwrap_or(&[]), &y);
             let m = mix(&streams, &layer.mlp_mix, n, eps);
+            self.router_margins.push(router_margin(&layer.moe.router.apply(&m.x), cfg.experts_per_token));
             let y = moe(&m.x, &layer.moe, cfg);
             write(&mut streams, m.gains.as_deref().unwrap_or(&[]), &y);
             after_layer(l, &streams);
@@ -144,6 +156,13 @@ impl<'w> Decoder<'w> {
         }
         Ok(out)
     }
+}
+
+/// The gap between the k-th and the (k+1)-th largest of `logits` (infinite with k or fewer).
+fn router_margin(logits: &[f32], k: usize) -> f32 {
+    let mut v = logits.to_vec();
+    v.sort_by(|a, b| b.total_cmp(a));
+    if v.len() > k { v[k - 1] - v[k] } else { f32::INFINITY }
 }
 
 /// The index of the largest value, the lower index on ties.
