@@ -7,5 +7,6 @@ pub mod kernels;
 pub mod layers;
 pub mod model;
 pub mod reference;
+pub mod step;
 
 pub use error::{Error, Result};

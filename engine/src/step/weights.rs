@@ -1,0 +1,235 @@
+//! The whole model's weights on the device, each block in the layout its kernels read, made from
+//! the host weights of a checkpoint ([`ModelWeights`]) in the formats the plan asks for (NVFP4
+//! quantised here, at load, where asked).
+
+use half::bf16;
+
+use super::plan::StepPlan;
+use crate::cuda::{DeviceBuffer, Gpu, MappedHostBuffer};
+use crate::error::{Error, Result};
+use crate::layers::gdn::GdnWeightsOnDevice;
+use crate::layers::lm_head::LmHead;
+use crate::layers::mix::{MixShape, MixWeightsOnDevice};
+use crate::layers::moe::{ExpertNvfp4, MoeShape, MoeWeightsOnDevice, StackedNvfp4};
+use crate::layers::ple::{PleTableOnHost, PleWeightsOnDevice, TableRows};
+use crate::layers::qsa::QsaWeightsOnDevice;
+use crate::model::ngram_hash::NgramHash;
+use crate::model::nvfp4::Nvfp4Matrix;
+use crate::model::weights::{Linear, MixWeights, MixerWeights, ModelWeights, MoeWeights};
+
+/// One layer's token mixer.
+#[derive(Debug)]
+pub enum MixerOnDevice {
+    Gdn(GdnWeightsOnDevice),
+    Qsa(QsaWeightsOnDevice),
+}
+
+/// One decoder layer: (PLE), the attention mix site, the token mixer, the MoE mix site, the MoE.
+#[derive(Debug)]
+pub struct LayerOnDevice {
+    pub ple: Option<PleWeightsOnDevice>,
+    pub attn_mix: MixWeightsOnDevice,
+    pub mixer: MixerOnDevice,
+    pub mlp_mix: MixWeightsOnDevice,
+    pub moe: MoeWeightsOnDevice,
+}
+
+/// Where the PLE layers' n-gram rows live: host memory the device reads over the bus, never
+/// device memory (the published table is 51 B values).
+#[derive(Debug)]
+pub enum PleTable {
+    /// Every PLE layer's bf16 rows, layer after layer, in pinned mapped host memory: the tables a
+    /// checkpoint loaded whole ([`crate::model::weights::PleWeights::table`]) are put here.
+    Mapped(MappedHostBuffer<bf16>),
+    /// A table file's rows ([`crate::model::ple_table`]), pinned, registered or pageable.
+    File(PleTableOnHost),
+}
+
+impl PleTable {
+    /// The rows PLE layer `index` (its rank among the PLE layers) gathers from.
+    pub fn rows(&self, index: usize) -> TableRows {
+        match self {
+            PleTable::Mapped(b) => TableRows::Bf16(b.ptr()),
+            PleTable::File(t) => t.rows(index),
+        }
+    }
+}
+
+/// The n-gram hashing and the table of the PLE layers.
+#[derive(Debug)]
+pub struct PleOnDevice {
+    /// One per PLE layer, in layer order.
+    pub hashes: Vec<NgramHash>,
+    pub table: PleTable,
+}
+
+/// Every weight of the step on the device.
+#[derive(Debug)]
+pub struct ModelOnDevice {
+    /// [vocab, hidden] bf16.
+    pub embed: DeviceBuffer<bf16>,
+    pub vocab: usize,
+    pub layers: Vec<LayerOnDevice>,
+    pub final_mix: MixWeightsOnDevice,
+    pub lm_head: LmHead,
+    pub ple: Option<PleOnDevice>,
+}
+
+fn to_bf16(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+
+fn quantise(l: &Linear) -> Nvfp4Matrix {
+    Nvfp4Matrix::quantise(&l.w, l.rows, l.cols)
+}
+
+fn mix_on_device(gpu: &Gpu, w: &MixWeights, shape: MixShape, nvfp4: bool) -> Result<MixWeightsOnDevice> {
+    if w.norm.len() != shape.width() || w.down.rows != shape.rank || w.inject.is_some() != shape.inject {
+        return Err(Error::Buffer(format!(
+            "a Gated Residual site with a norm of {} and rank {} where the config says {} and {}",
+            w.norm.len(),
+            w.down.rows,
+            shape.width(),
+            shape.rank
+        )));
+    }
+    if !nvfp4 {
+        return MixWeightsOnDevice::upload(gpu, w, shape.streams);
+    }
+    let inject = w.inject.as_ref().map(|l| to_bf16(&l.w));
+    MixWeightsOnDevice::upload_quantised(
+        gpu,
+        shape,
+        &to_bf16(&w.norm),
+        &to_bf16(&w.down.w),
+        &to_bf16(&w.up.w),
+        inject.as_deref(),
+    )
+}
+
+fn moe_on_device(gpu: &Gpu, w: &MoeWeights, shape: MoeShape, nvfp4: bool) -> Result<MoeWeightsOnDevice> {
+    let e = shape.experts;
+    let experts_fit = w.experts.len() == e
+        && w.experts.iter().all(|x| x.gate.rows == shape.inter && x.down.cols == shape.inter)
+        && w.shared.gate.rows == shape.shared_inter;
+    if !experts_fit {
+        return Err(Error::Buffer(format!(
+            "MoE with {} experts where the config says {e} of {} rows and a shared expert of {}",
+            w.experts.len(),
+            shape.inter,
+            shape.shared_inter
+        )));
+    }
+    let router = to_bf16(&w.router.w);
+    let shared_gate = to_bf16(&w.shared_gate.w);
+    if nvfp4 {
+        let q = |x: &crate::model::weights::ExpertWeights| ExpertNvfp4 {
+            gate: quantise(&x.gate),
+            up: quantise(&x.up),
+            down: quantise(&x.down),
+        };
+        let experts: Vec<ExpertNvfp4> = w.experts.iter().map(q).collect();
+        let stacked = StackedNvfp4::stack(&experts, &q(&w.shared));
+        MoeWeightsOnDevice::upload_nvfp4(gpu, shape, &router, &shared_gate, &stacked)
+    } else {
+        let all = || w.experts.iter().chain(std::iter::once(&w.shared));
+        let gate_up: Vec<bf16> = all().flat_map(|x| to_bf16(&x.gate.w).into_iter().chain(to_bf16(&x.up.w))).collect();
+        let down: Vec<bf16> = all().flat_map(|x| to_bf16(&x.down.w)).collect();
+        MoeWeightsOnDevice::upload_bf16(gpu, shape, &router, &shared_gate, &gate_up, &down)
+    }
+}
+
+impl ModelOnDevice {
+    /// Uploads `w` as `plan` says, calling `progress(done, total)` after each layer.
+    pub fn upload(
+        gpu: &Gpu,
+        w: &ModelWeights,
+        plan: &StepPlan,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<ModelOnDevice> {
+        let cfg = &w.config;
+        let (vocab, d) = (cfg.vocab_size, cfg.hidden_size);
+        if w.embed.len() != vocab * d || w.lm_head.rows != vocab || w.lm_head.cols != d {
+            return Err(Error::Buffer(format!(
+                "embedding of {} values and lm_head [{}, {}] for a vocabulary of {vocab} × {d}",
+                w.embed.len(),
+                w.lm_head.rows,
+                w.lm_head.cols
+            )));
+        }
+        let f = plan.formats;
+        let total = w.layers.len();
+        let mut layers = Vec::with_capacity(total);
+        for (l, lw) in w.layers.iter().enumerate() {
+            let mixer = match (&lw.mixer, &plan.gdn, &plan.qsa) {
+                (MixerWeights::Gdn(g), Some((shape, _)), _) => MixerOnDevice::Gdn(if f.gdn_in_proj {
+                    let m = [quantise(&g.in_qkv), quantise(&g.in_z), quantise(&g.in_b), quantise(&g.in_a)];
+                    GdnWeightsOnDevice::upload_nvfp4(gpu, *shape, [&m[0], &m[1], &m[2], &m[3]], g)?
+                } else {
+                    GdnWeightsOnDevice::upload_bf16(gpu, *shape, g)?
+                }),
+                (MixerWeights::Qsa(q), _, Some((shape, _))) => {
+                    MixerOnDevice::Qsa(QsaWeightsOnDevice::upload_bf16(gpu, *shape, q)?)
+                }
+                _ => {
+                    return Err(Error::Buffer(format!("layer {l}: its weights are of a kind the config does not list")));
+                }
+            };
+            let ple = match (&lw.ple, &plan.ple) {
+                (Some(p), Some((shape, _))) => Some(PleWeightsOnDevice::upload(gpu, *shape, p)?),
+                (None, _) => None,
+                (Some(_), None) => {
+                    return Err(Error::Buffer(format!("layer {l} has PLE weights the config has no PLE for")));
+                }
+            };
+            layers.push(LayerOnDevice {
+                ple,
+                attn_mix: mix_on_device(gpu, &lw.attn_mix, plan.mix, f.mix)?,
+                mixer,
+                mlp_mix: mix_on_device(gpu, &lw.mlp_mix, plan.mix, f.mix)?,
+                moe: moe_on_device(gpu, &lw.moe, plan.moe, f.experts)?,
+            });
+            progress(l + 1, total);
+        }
+        let ple_weights: Vec<_> = w.layers.iter().filter_map(|l| l.ple.as_ref()).collect();
+        let ple = if ple_weights.is_empty() {
+            None
+        } else {
+            // The tables layer after layer, as the ids address them (each layer's rows_padded).
+            let len: usize = ple_weights.iter().map(|p| p.table.len()).sum();
+            let mut table = MappedHostBuffer::<bf16>::new(gpu.context(), len)?;
+            let mut at = 0;
+            for p in &ple_weights {
+                if p.table.len() != p.hash.rows_padded as usize * p.width {
+                    return Err(Error::Buffer(format!(
+                        "a PLE table of {} values for {} rows of {}",
+                        p.table.len(),
+                        p.hash.rows_padded,
+                        p.width
+                    )));
+                }
+                for (dst, &src) in table.as_mut_slice()[at..at + p.table.len()].iter_mut().zip(&p.table) {
+                    *dst = bf16::from_f32(src);
+                }
+                at += p.table.len();
+            }
+            Some(PleOnDevice {
+                hashes: ple_weights.iter().map(|p| p.hash.clone()).collect(),
+                table: PleTable::Mapped(table),
+            })
+        };
+        let lm_head = if f.lm_head {
+            LmHead::nvfp4(gpu, &quantise(&w.lm_head), plan.lm_head_tiles)?
+        } else {
+            LmHead::bf16(gpu, &to_bf16(&w.lm_head.w), vocab, d, plan.lm_head_tiles)?
+        };
+        Ok(ModelOnDevice {
+            embed: gpu.upload(&to_bf16(&w.embed))?,
+            vocab,
+            layers,
+            final_mix: mix_on_device(gpu, &w.final_mix, plan.final_mix, f.mix)?,
+            lm_head,
+            ple,
+        })
+    }
+}
