@@ -376,6 +376,15 @@ impl Engine {
         &self.gpu
     }
 
+    /// Frees the model, its states and buffers, and hands the device back (to load another).
+    pub fn into_gpu(self) -> Gpu {
+        let Engine { gpu, plan, model, kernels, buffers, states, scratch, side, launches, graph, .. } = self;
+        drop((graph, launches, side, scratch, states, buffers, kernels, model, plan));
+        // The frees are enqueued on the stream: wait for them, so the next load sees the memory.
+        gpu.synchronize().ok();
+        gpu
+    }
+
     pub fn plan(&self) -> &StepPlan {
         &self.plan
     }
@@ -406,6 +415,17 @@ impl Engine {
                 Launch::Qsa(_) => 7,
             })
             .sum()
+    }
+
+    /// Moves the sequence to `position` without decoding the tokens before it: the caches and
+    /// states keep whatever they hold. For benchmarks at a long context, which need the step's
+    /// work at that position, not a meaningful sequence.
+    pub fn seek(&mut self, position: usize) -> Result<()> {
+        if self.plan.qsa.is_some() {
+            check_position(position, self.plan.capacity)?;
+        }
+        self.position = position;
+        Ok(())
     }
 
     /// Bytes one token at `position` must move at least: every weight the step reads (the routed

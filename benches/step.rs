@@ -1,0 +1,116 @@
+//! The whole decode step at the published geometry (48 layers: 36 Gated DeltaNet, 12 QSA; 512
+//! experts top-10; the Gated Residual of 4 streams at rank 320; PLE with its 29 GB NVFP4 n-gram
+//! table in pinned host memory), random weights made on the device from a seed
+//! (`ModelOnDevice::synthetic`), at contexts of 1k and 32k tokens.
+//!
+//! For each weight format and context it reports:
+//! - the graph replay's device time per token (median, p10, p90 of CUDA events around replays,
+//!   the per-token upload of [position, token] included);
+//! - the wall time per token of `Engine::step` as a user sees it: upload, replay, the download of
+//!   the token and the one host wait;
+//! - the bytes the token must move (`Engine::bytes_per_token`), the floor at 4.27 TB/s and the
+//!   fraction reached, and the GB10 projection of the same bytes at 230 GB/s (a projection, not a
+//!   measurement);
+//! - launches per token and host waits per token (1);
+//! - a per-stage profile from events between the launch groups of one eager step (PDL overlap is
+//!   lost at each event, so its sum is above the replay's time).
+//!
+//! Lines go to stdout and to $OUT/bench-step.jsonl (or target/).
+
+use std::io::Write;
+use std::time::Instant;
+
+use engine::cuda::timing::EventTimer;
+use engine::model::config::ModelConfig;
+use engine::model::ple_table::RowFormat;
+use engine::step::{Engine, Formats, ModelOnDevice, StepPlan};
+use flashnext::bench::percentile;
+
+const H200_BYTES_PER_S: f64 = 4.27e12;
+const GB10_BYTES_PER_S: f64 = 230e9;
+const CONTEXTS: [usize; 2] = [1024, 32_768];
+const SAMPLES: usize = 50;
+
+fn out_file() -> std::fs::File {
+    let dir = std::env::var("OUT").unwrap_or_else(|_| "target".into());
+    std::fs::OpenOptions::new().create(true).append(true).open(format!("{dir}/bench-step.jsonl")).expect("jsonl")
+}
+
+fn main() {
+    // criterion's harness flags (`--bench`, a filter) are accepted and ignored.
+    let gpu = flashnext::gpu::open();
+    let cfg = ModelConfig::published();
+    let variants = [
+        ("nvfp4", Formats::NVFP4),
+        ("nvfp4 experts, bf16 mix/GDN/lm_head", Formats { experts: true, ..Formats::BF16 }),
+    ];
+    let mut jsonl = out_file();
+    let mut gpu = Some(gpu);
+    for (name, formats) in variants {
+        let g = gpu.take().expect("the device");
+        let context = *CONTEXTS.iter().max().expect("contexts");
+        let plan = StepPlan::new(&cfg, formats, context).expect("plan");
+        let t0 = Instant::now();
+        let model = ModelOnDevice::synthetic(&g, &cfg, &plan, RowFormat::Nvfp4, 1, &mut |what, done, total| {
+            if done == total {
+                eprintln!("  {what}: {done}/{total}");
+            }
+        })
+        .expect("synthetic model");
+        println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
+        let mut e = Engine::new(g, plan, model).expect("engine");
+        e.step(1).expect("warm-up");
+        let (_, profile) = e.step_profiled(2).expect("profile");
+        e.capture().expect("capture");
+        for context in CONTEXTS {
+            let position = context - 1;
+            let bytes = e.bytes_per_token(position) as f64;
+            // Device time of the graph per token, the upload included.
+            let timer = EventTimer::new(e.gpu()).expect("events");
+            let mut device = Vec::new();
+            let mut wall = Vec::new();
+            for _ in 0..SAMPLES {
+                e.seek(position).expect("seek");
+                let t = Instant::now();
+                timer.start(e.gpu()).expect("start");
+                e.step(3).expect("step");
+                wall.push(t.elapsed().as_secs_f64());
+                // The step waited for its token, so the end event lands right after it.
+                device.push(timer.stop(e.gpu()).expect("stop").as_secs_f64());
+            }
+            device.sort_by(f64::total_cmp);
+            wall.sort_by(f64::total_cmp);
+            let (med, p10, p90) = (percentile(&device, 0.5), percentile(&device, 0.1), percentile(&device, 0.9));
+            let wall_med = percentile(&wall, 0.5);
+            let floor = bytes / H200_BYTES_PER_S;
+            let line = format!(
+                "step {name} context {context}: {:.3} ms/token on the device (p10 {:.3}, p90 {:.3}), {:.3} ms wall per \
+                 Engine::step; {:.1} MB/token, floor {:.3} ms at 4.27 TB/s ({:.0}% reached); {} launches, 1 host wait \
+                 per token; GB10 projection {:.1} ms/token at 230 GB/s (bytes only)",
+                med * 1e3,
+                p10 * 1e3,
+                p90 * 1e3,
+                wall_med * 1e3,
+                bytes / 1e6,
+                floor * 1e3,
+                100.0 * floor / med,
+                e.launches_per_token(),
+                bytes / GB10_BYTES_PER_S * 1e3
+            );
+            println!("{line}");
+            writeln!(
+                jsonl,
+                "{{\"bench\":\"step\",\"formats\":\"{name}\",\"context\":{context},\"median_s\":{med},\"p10_s\":{p10},\
+                 \"p90_s\":{p90},\"wall_s\":{wall_med},\"bytes\":{bytes},\"launches\":{}}}",
+                e.launches_per_token()
+            )
+            .expect("jsonl");
+        }
+        let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
+        println!("  profile of one eager step (events between launch groups), {:.3} ms in all:", total * 1e3);
+        for (stage, t, n) in &profile.stages {
+            println!("    {:<22} {:>8.3} ms  {:>5.1}%  ({n} groups)", stage.name(), t * 1e3, 100.0 * t / total);
+        }
+        gpu = Some(e.into_gpu());
+    }
+}
