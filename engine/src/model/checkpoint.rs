@@ -2,6 +2,9 @@
 //! listed by `model.safetensors.index.json`. Headers are validated when opened (a truncated file or
 //! a bad header is an error naming the file); tensors are read on demand, by name.
 //!
+//! A checkpoint can also be one safetensors file already in memory ([`Checkpoint::from_static`]):
+//! the decode binary's embedded default model.
+//!
 //! Names are normalised to the text model's: the vision-language checkpoint's
 //! `model.language_model.` prefix becomes `model.`, and the vision tower (`model.visual.*`) and
 //! the multi-token-prediction head (`mtp.*`) are left out.
@@ -90,10 +93,27 @@ struct Entry {
     end: usize,
 }
 
+/// The bytes of one safetensors file: mapped from disk, or in the program's image.
+enum FileBytes {
+    Mapped(Mmap),
+    Static(&'static [u8]),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped(m) => m,
+            FileBytes::Static(b) => b,
+        }
+    }
+}
+
 /// An opened checkpoint directory.
 pub struct Checkpoint {
     dir: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, FileBytes)>,
     entries: HashMap<String, Entry>,
 }
 
@@ -156,29 +176,19 @@ impl Checkpoint {
             // contract of any loader (its bytes would change under us, as under a read()).
             let map = unsafe { Mmap::map(&file) }
                 .map_err(|e| CheckpointError(format!("{}: cannot map: {e}", path.display())))?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| {
-                CheckpointError(format!(
-                    "{}: not a valid safetensors file ({e}); is it truncated or corrupt?",
-                    path.display()
-                ))
-            })?;
-            let data_start = 8 + header_len;
-            for (name, info) in metadata.tensors() {
-                let Some(name) = normalise_name(&name) else { continue };
-                let entry = Entry {
-                    file: i,
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                    start: data_start + info.data_offsets.0,
-                    end: data_start + info.data_offsets.1,
-                };
-                if entries.insert(name.clone(), entry).is_some() {
-                    return Err(CheckpointError(format!("tensor `{name}` appears twice in the checkpoint")));
-                }
-            }
-            opened.push((path, map));
+            index_file(i, &path, &map, &mut entries)?;
+            opened.push((path, FileBytes::Mapped(map)));
         }
         Ok(Checkpoint { dir: dir.to_owned(), files: opened, entries })
+    }
+
+    /// One safetensors file held in memory for the life of the program (`include_bytes!`), named
+    /// `name` in error messages; validated like a file on disk.
+    pub fn from_static(name: &str, bytes: &'static [u8]) -> Result<Checkpoint, CheckpointError> {
+        let path = PathBuf::from(name);
+        let mut entries = HashMap::new();
+        index_file(0, &path, bytes, &mut entries)?;
+        Ok(Checkpoint { dir: path.clone(), files: vec![(path, FileBytes::Static(bytes))], entries })
     }
 
     pub fn dir(&self) -> &Path {
@@ -208,6 +218,33 @@ impl Checkpoint {
             CheckpointError(format!("tensor `{name}` is missing from the checkpoint in {}", self.dir.display()))
         })
     }
+}
+
+/// Validates the header of file number `file` and records each of its tensors in `entries`.
+fn index_file(
+    file: usize,
+    path: &Path,
+    bytes: &[u8],
+    entries: &mut HashMap<String, Entry>,
+) -> Result<(), CheckpointError> {
+    let (header_len, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| {
+        CheckpointError(format!("{}: not a valid safetensors file ({e}); is it truncated or corrupt?", path.display()))
+    })?;
+    let data_start = 8 + header_len;
+    for (name, info) in metadata.tensors() {
+        let Some(name) = normalise_name(&name) else { continue };
+        let entry = Entry {
+            file,
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            start: data_start + info.data_offsets.0,
+            end: data_start + info.data_offsets.1,
+        };
+        if entries.insert(name.clone(), entry).is_some() {
+            return Err(CheckpointError(format!("tensor `{name}` appears twice in the checkpoint")));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
