@@ -261,4 +261,18 @@ mod tests {
         assert_eq!(normalise_name("mtp.layers.0.weight"), None);
         assert_eq!(normalise_name("model.visual.blocks.0.weight"), None);
     }
+
+    #[test]
+    fn a_checkpoint_in_memory_is_validated_and_read() {
+        let e = Checkpoint::from_static("<mem>/model.safetensors", b"\x08\0\0\0\0\0\0\0{broken}").expect_err("bad");
+        assert!(e.0.starts_with("<mem>/model.safetensors: not a valid safetensors file"), "{e}");
+
+        let data: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = safetensors::tensor::TensorView::new(Dtype::F32, vec![2], &data).expect("view");
+        let bytes = safetensors::serialize([("model.language_model.norm.weight", view)], None).expect("serialise");
+        let ck = Checkpoint::from_static("<mem>", Box::leak(bytes.into_boxed_slice())).expect("valid");
+        assert_eq!(ck.names(), vec!["model.norm.weight"]);
+        assert_eq!(ck.require("model.norm.weight").and_then(|t| t.to_f32()).expect("read"), vec![1.5, -2.0]);
+        assert!(ck.require("lm_head.weight").expect_err("absent").0.contains("missing from the checkpoint in <mem>"));
+    }
 }

@@ -45,7 +45,7 @@ impl Sampler {
         }
         match temperature {
             None => Ok(Sampler::Greedy),
-            Some(t) if t == 0.0 => Ok(Sampler::Greedy),
+            Some(0.0) => Ok(Sampler::Greedy),
             Some(t) if t.is_finite() && t > 0.0 => Ok(Sampler::TopP { temperature: t, top_p, seed }),
             Some(t) => fail(format!("--temperature {t} must be a finite number ≥ 0 (0 is greedy)")),
         }
