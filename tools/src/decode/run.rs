@@ -110,20 +110,26 @@ pub fn run(cli: &Cli) -> Result<()> {
     eprintln!("model: {}", source.describe());
     eprintln!("text: {}", tokenizer.describe());
 
-    let Choice::Cpu(why) = choice;
-    eprintln!("running the CPU reference ({why})");
-    for (flag, given) in [("--eager", cli.eager), ("--profile", cli.profile)] {
-        if given {
-            eprintln!("note: {flag} is GPU-only and has no effect on the CPU reference");
+    match choice {
+        Choice::Cpu(why) => {
+            eprintln!("running the CPU reference ({why})");
+            for (flag, given) in [("--eager", cli.eager), ("--profile", cli.profile)] {
+                if given {
+                    eprintln!("note: {flag} is GPU-only and has no effect on the CPU reference");
+                }
+            }
+            let weights = source.load_weights(&cfg)?;
+            run_job(&mut CpuBackend::new(&weights), job, &tokenizer, cli)
         }
     }
-    let weights = source.load_weights(&cfg)?;
-    let mut backend = CpuBackend::new(&weights);
-    eprintln!("backend: {}", backend.name());
+}
 
+/// The job on a ready backend: everything after the backend is built is the same for every one.
+fn run_job(backend: &mut dyn Backend, job: Job, tokenizer: &Tokenizer, cli: &Cli) -> Result<()> {
+    eprintln!("backend: {}", backend.name());
     match job {
-        Job::Score { ids, out } => run_score(&mut backend, &ids, &out),
-        Job::Generate(req) => run_generate(&mut backend, &req, &tokenizer, cli),
+        Job::Score { ids, out } => run_score(backend, &ids, &out),
+        Job::Generate(req) => run_generate(backend, &req, tokenizer, cli),
     }
 }
 
