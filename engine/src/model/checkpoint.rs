@@ -2,6 +2,9 @@
 //! listed by `model.safetensors.index.json`. Headers are validated when opened (a truncated file or
 //! a bad header is an error naming the file); tensors are read on demand, by name.
 //!
+//! A checkpoint can also be one safetensors file already in memory ([`Checkpoint::from_static`]):
+//! the decode binary's embedded default model.
+//!
 //! Names are normalised to the text model's: the vision-language checkpoint's
 //! `model.language_model.` prefix becomes `model.`, and the vision tower (`model.visual.*`) and
 //! the multi-token-prediction head (`mtp.*`) are left out.
@@ -90,10 +93,27 @@ struct Entry {
     end: usize,
 }
 
+/// The bytes of one safetensors file: mapped from disk, or in the program's image.
+enum FileBytes {
+    Mapped(Mmap),
+    Static(&'static [u8]),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped(m) => m,
+            FileBytes::Static(b) => b,
+        }
+    }
+}
+
 /// An opened checkpoint directory.
 pub struct Checkpoint {
     dir: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, FileBytes)>,
     entries: HashMap<String, Entry>,
 }
 
@@ -156,29 +176,19 @@ impl Checkpoint {
             // contract of any loader (its bytes would change under us, as under a read()).
             let map = unsafe { Mmap::map(&file) }
                 .map_err(|e| CheckpointError(format!("{}: cannot map: {e}", path.display())))?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(|e| {
-                CheckpointError(format!(
-                    "{}: not a valid safetensors file ({e}); is it truncated or corrupt?",
-                    path.display()
-                ))
-            })?;
-            let data_start = 8 + header_len;
-            for (name, info) in metadata.tensors() {
-                let Some(name) = normalise_name(&name) else { continue };
-                let entry = Entry {
-                    file: i,
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                    start: data_start + info.data_offsets.0,
-                    end: data_start + info.data_offsets.1,
-                };
-                if entries.insert(name.clone(), entry).is_some() {
-                    return Err(CheckpointError(format!("tensor `{name}` appears twice in the checkpoint")));
-                }
-            }
-            opened.push((path, map));
+            index_file(i, &path, &map, &mut entries)?;
+            opened.push((path, FileBytes::Mapped(map)));
         }
         Ok(Checkpoint { dir: dir.to_owned(), files: opened, entries })
+    }
+
+    /// One safetensors file held in memory for the life of the program (`include_bytes!`), named
+    /// `name` in error messages; validated like a file on disk.
+    pub fn from_static(name: &str, bytes: &'static [u8]) -> Result<Checkpoint, CheckpointError> {
+        let path = PathBuf::from(name);
+        let mut entries = HashMap::new();
+        index_file(0, &path, bytes, &mut entries)?;
+        Ok(Checkpoint { dir: path.clone(), files: vec![(path, FileBytes::Static(bytes))], entries })
     }
 
     pub fn dir(&self) -> &Path {
@@ -210,6 +220,33 @@ impl Checkpoint {
     }
 }
 
+/// Validates the header of file number `file` and records each of its tensors in `entries`.
+fn index_file(
+    file: usize,
+    path: &Path,
+    bytes: &[u8],
+    entries: &mut HashMap<String, Entry>,
+) -> Result<(), CheckpointError> {
+    let (header_len, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| {
+        CheckpointError(format!("{}: not a valid safetensors file ({e}); is it truncated or corrupt?", path.display()))
+    })?;
+    let data_start = 8 + header_len;
+    for (name, info) in metadata.tensors() {
+        let Some(name) = normalise_name(&name) else { continue };
+        let entry = Entry {
+            file,
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            start: data_start + info.data_offsets.0,
+            end: data_start + info.data_offsets.1,
+        };
+        if entries.insert(name.clone(), entry).is_some() {
+            return Err(CheckpointError(format!("tensor `{name}` appears twice in the checkpoint")));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +260,19 @@ mod tests {
         assert_eq!(normalise_name("lm_head.weight").as_deref(), Some("lm_head.weight"));
         assert_eq!(normalise_name("mtp.layers.0.weight"), None);
         assert_eq!(normalise_name("model.visual.blocks.0.weight"), None);
+    }
+
+    #[test]
+    fn a_checkpoint_in_memory_is_validated_and_read() {
+        let e = Checkpoint::from_static("<mem>/model.safetensors", b"\x08\0\0\0\0\0\0\0{broken}").expect_err("bad");
+        assert!(e.0.starts_with("<mem>/model.safetensors: not a valid safetensors file"), "{e}");
+
+        let data: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = safetensors::tensor::TensorView::new(Dtype::F32, vec![2], &data).expect("view");
+        let bytes = safetensors::serialize([("model.language_model.norm.weight", view)], None).expect("serialise");
+        let ck = Checkpoint::from_static("<mem>", Box::leak(bytes.into_boxed_slice())).expect("valid");
+        assert_eq!(ck.names(), vec!["model.norm.weight"]);
+        assert_eq!(ck.require("model.norm.weight").and_then(|t| t.to_f32()).expect("read"), vec![1.5, -2.0]);
+        assert!(ck.require("lm_head.weight").expect_err("absent").0.contains("missing from the checkpoint in <mem>"));
     }
 }

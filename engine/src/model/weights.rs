@@ -339,6 +339,16 @@ fn nvfp4(ck: &Checkpoint, t: &TensorRef<'_>, rows: usize, cols: usize) -> Result
 impl ModelWeights {
     /// Reads every tensor the model needs from `ck`, checking names, shapes and dtypes.
     pub fn load(cfg: &ModelConfig, ck: &Checkpoint) -> Result<ModelWeights, CheckpointError> {
+        ModelWeights::load_with_progress(cfg, ck, |_, _| {})
+    }
+
+    /// [`ModelWeights::load`], calling `layer_done(l + 1, num_layers)` after each layer is read
+    /// (a full checkpoint takes minutes to read into f32; the decode binary shows it).
+    pub fn load_with_progress(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        mut layer_done: impl FnMut(usize, usize),
+    ) -> Result<ModelWeights, CheckpointError> {
         let r = Reader { ck, bias: cfg.attention_bias };
         let d = cfg.hidden_size;
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -363,6 +373,7 @@ impl ModelWeights {
                 mlp_mix: r.mix(&format!("{p}.mlp_hyper_connection"), cfg, true)?,
                 moe: r.moe(&format!("{p}.mlp"), cfg)?,
             });
+            layer_done(l + 1, cfg.num_layers);
         }
         Ok(ModelWeights {
             config: cfg.clone(),

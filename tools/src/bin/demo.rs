@@ -1,7 +1,7 @@
 //! The kernels of the workspace against their CPU references, with or without a GPU.
 //!
-//! Until the decode binary exists this is the project's main job: it shows the path a kernel
-//! takes (Rust description → CUDA C → NVRTC → GPU) and checks each step it can reach here.
+//! The secondary command beside the decode binary: it shows the path a kernel takes (Rust
+//! description → CUDA C → NVRTC → GPU) and checks each step it can reach here.
 
 use std::process::ExitCode;
 use std::time::Instant;
