@@ -94,7 +94,14 @@ pub struct Cli {
     pub print_ids: bool,
 
     /// The memory bandwidth, in GB/s, for the byte floor the timing report compares against when
-    /// the backend reports its bytes per token (default: GB10's LPDDR5X).
-    #[arg(long, value_name = "GB_PER_S", default_value_t = 273.0)]
-    pub peak_gbs: f64,
+    /// the backend reports its bytes per token (default: on the GPU its copy bandwidth, measured
+    /// at load; elsewhere GB10's LPDDR5X, 273).
+    #[arg(long, value_name = "GB_PER_S")]
+    pub peak_gbs: Option<f64>,
+
+    /// GPU only: quantise the experts, the Gated Residual's projections, the GDN input projections
+    /// and the lm_head to NVFP4 at load (a bf16 checkpoint otherwise runs in bf16). --synthetic
+    /// is always NVFP4.
+    #[arg(long)]
+    pub nvfp4: bool,
 }

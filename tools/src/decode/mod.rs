@@ -1,5 +1,5 @@
-//! The decode binary: a prompt in, tokens out, through a [`Backend`] (the CPU reference now, the
-//! GPU engine later), with timing; or teacher-forced scoring that writes every position's logits.
+//! The decode binary: a prompt in, tokens out, through a [`Backend`] (the GPU engine, or the CPU
+//! reference), with timing; or teacher-forced scoring that writes every position's logits.
 //!
 //! One concept a module: the options ([`cli`]), the errors ([`error`]), the backend interface
 //! ([`backend`]) and its CPU implementation ([`cpu`]), where the model comes from ([`model`]), text
@@ -12,6 +12,7 @@ pub mod cli;
 pub mod cpu;
 pub mod error;
 pub mod generate;
+pub mod gpu;
 pub mod ids;
 pub mod model;
 pub mod run;

@@ -23,6 +23,8 @@ pub enum ModelSource {
     Dir(PathBuf),
     /// tests/data/tiny-step, in the binary.
     Embedded,
+    /// Random weights of the published geometry, made on the device (`--synthetic`).
+    Synthetic { seed: u64 },
 }
 
 impl ModelSource {
@@ -33,6 +35,10 @@ impl ModelSource {
             ModelSource::Embedded => "the embedded tiny-step model (3 layers, random weights, vocabulary 512; \
                                       --model DIR runs a checkpoint)"
                 .to_owned(),
+            ModelSource::Synthetic { seed } => format!(
+                "synthetic: random weights of the published geometry made on the device from seed {seed} (for \
+                 benchmarks: the text is noise)"
+            ),
         }
     }
 
@@ -40,7 +46,7 @@ impl ModelSource {
     pub fn dir(&self) -> Option<&Path> {
         match self {
             ModelSource::Dir(d) => Some(d),
-            ModelSource::Embedded => None,
+            ModelSource::Embedded | ModelSource::Synthetic { .. } => None,
         }
     }
 
@@ -48,6 +54,7 @@ impl ModelSource {
     pub fn config(&self) -> Result<ModelConfig> {
         match self {
             ModelSource::Embedded => Ok(ModelConfig::from_json(EMBEDDED_CONFIG)?),
+            ModelSource::Synthetic { .. } => Ok(ModelConfig::published()),
             ModelSource::Dir(d) => {
                 if !d.exists() {
                     return fail(format!("--model {}: no such directory", d.display()));
@@ -75,6 +82,7 @@ impl ModelSource {
                 Checkpoint::from_static("<embedded tiny-step>/model.safetensors", EMBEDDED_WEIGHTS)?
             }
             ModelSource::Dir(d) => Checkpoint::open(d)?,
+            ModelSource::Synthetic { .. } => return fail("a synthetic model has no checkpoint: its weights are made on the device"),
         })
     }
 

@@ -4,11 +4,15 @@
 
 use std::io::Write;
 
+use engine::cuda::Gpu;
+use engine::cuda::timing::copy_bandwidth;
 use engine::model::config::ModelConfig;
+use engine::step::Formats;
 
 use super::backend::Backend;
 use super::cli::Cli;
 use super::cpu::CpuBackend;
+use super::gpu::GpuBackend;
 use super::error::{Result, fail};
 use super::generate::{Request, generate};
 use super::ids::{check_vocab, parse_list, read_ids};
@@ -17,6 +21,9 @@ use super::sampler::Sampler;
 use super::score::{score, write};
 use super::stats::report;
 use super::tokenizer::Tokenizer;
+
+/// GB10's LPDDR5X bandwidth in GB/s: the byte floor's default away from a GPU.
+const GB10_GBS: f64 = 273.0;
 
 /// The prompt when neither --prompt nor --prompt-ids is given.
 pub const DEFAULT_PROMPT: &str = "Once upon a time";
@@ -29,17 +36,23 @@ enum Job {
 }
 
 /// Which backend runs the step, and why.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Choice {
+    /// The GPU engine on this device.
+    Gpu(Gpu),
     /// The CPU reference; the reason is shown on stderr.
-    Cpu(&'static str),
+    Cpu(String),
 }
 
-/// The backend for `cli`. The GPU engine's backend joins here: when a device is present and
-/// --cpu is not given.
+/// The backend for `cli`: the GPU engine when a device opens and --cpu is not given.
 fn choose(cli: &Cli) -> Result<Choice> {
-    let choice =
-        if cli.cpu { Choice::Cpu("--cpu was given") } else { Choice::Cpu("this build has no GPU backend yet") };
+    let choice = if cli.cpu {
+        Choice::Cpu("--cpu was given".into())
+    } else {
+        match Gpu::open(0) {
+            Ok(gpu) => Choice::Gpu(gpu),
+            Err(e) => Choice::Cpu(format!("no usable GPU: {e}")),
+        }
+    };
     match choice {
         Choice::Cpu(_) if cli.synthetic => fail(
             "--synthetic (random weights at the published shapes, no checkpoint) runs on the GPU backend only; \
@@ -100,9 +113,11 @@ fn job(cli: &Cli, cfg: &ModelConfig, tokenizer: &Tokenizer) -> Result<Job> {
 /// Runs the binary.
 pub fn run(cli: &Cli) -> Result<()> {
     let choice = choose(cli)?;
-    let source = match &cli.model {
-        Some(dir) => ModelSource::Dir(dir.clone()),
-        None => ModelSource::Embedded,
+    let source = match (&cli.model, cli.synthetic) {
+        (Some(_), true) => return fail("--model and --synthetic: give one (a checkpoint, or random weights)"),
+        (Some(dir), false) => ModelSource::Dir(dir.clone()),
+        (None, true) => ModelSource::Synthetic { seed: cli.seed },
+        (None, false) => ModelSource::Embedded,
     };
     let cfg = source.config()?;
     let tokenizer = Tokenizer::for_model(source.dir(), cfg.vocab_size)?;
@@ -111,6 +126,41 @@ pub fn run(cli: &Cli) -> Result<()> {
     eprintln!("text: {}", tokenizer.describe());
 
     match choice {
+        Choice::Gpu(gpu) => {
+            let peak_gbs = match cli.peak_gbs {
+                Some(p) => p,
+                None => copy_bandwidth(&gpu, 1 << 30)? / 1e9,
+            };
+            let mut backend = match &source {
+                ModelSource::Synthetic { seed } => GpuBackend::synthetic(gpu, &cfg, cli.context, *seed)?,
+                _ => {
+                    let weights = source.load_weights(&cfg)?;
+                    let formats = if cli.nvfp4 { Formats::NVFP4 } else { Formats::BF16 };
+                    GpuBackend::from_weights(gpu, &weights, formats, cli.context)?
+                }
+            };
+            backend.set_eager(cli.eager);
+            backend.set_profile(cli.profile);
+            run_job(&mut backend, job, &tokenizer, cli, peak_gbs)?;
+            if let Some((p, steps)) = backend.profile() {
+                let total: f64 = p.stages.iter().map(|(_, t, _)| t).sum();
+                eprintln!(
+                    "profile: {steps} eager steps, {:.3} ms/token summed over the stages (events between launch \
+                     groups; a graph replay overlaps what these separate):",
+                    total * 1e3 / steps.max(1) as f64
+                );
+                for (stage, t, n) in &p.stages {
+                    eprintln!(
+                        "  {:<22} {:>9.3} ms/token {:>6.1}%  ({} groups a token)",
+                        stage.name(),
+                        t * 1e3 / steps.max(1) as f64,
+                        100.0 * t / total,
+                        n / steps.max(1)
+                    );
+                }
+            }
+            Ok(())
+        }
         Choice::Cpu(why) => {
             eprintln!("running the CPU reference ({why})");
             for (flag, given) in [("--eager", cli.eager), ("--profile", cli.profile)] {
@@ -118,18 +168,21 @@ pub fn run(cli: &Cli) -> Result<()> {
                     eprintln!("note: {flag} is GPU-only and has no effect on the CPU reference");
                 }
             }
+            if cli.nvfp4 {
+                eprintln!("note: --nvfp4 is GPU-only; the CPU reference runs the checkpoint's weights");
+            }
             let weights = source.load_weights(&cfg)?;
-            run_job(&mut CpuBackend::new(&weights), job, &tokenizer, cli)
+            run_job(&mut CpuBackend::new(&weights), job, &tokenizer, cli, cli.peak_gbs.unwrap_or(GB10_GBS))
         }
     }
 }
 
 /// The job on a ready backend: everything after the backend is built is the same for every one.
-fn run_job(backend: &mut dyn Backend, job: Job, tokenizer: &Tokenizer, cli: &Cli) -> Result<()> {
+fn run_job(backend: &mut dyn Backend, job: Job, tokenizer: &Tokenizer, cli: &Cli, peak_gbs: f64) -> Result<()> {
     eprintln!("backend: {}", backend.name());
     match job {
         Job::Score { ids, out } => run_score(backend, &ids, &out),
-        Job::Generate(req) => run_generate(backend, &req, tokenizer, cli),
+        Job::Generate(req) => run_generate(backend, &req, tokenizer, cli, peak_gbs),
     }
 }
 
@@ -148,7 +201,13 @@ fn run_score(backend: &mut dyn Backend, ids: &[u32], out: &std::path::Path) -> R
     Ok(())
 }
 
-fn run_generate(backend: &mut dyn Backend, req: &Request, tokenizer: &Tokenizer, cli: &Cli) -> Result<()> {
+fn run_generate(
+    backend: &mut dyn Backend,
+    req: &Request,
+    tokenizer: &Tokenizer,
+    cli: &Cli,
+    peak_gbs: f64,
+) -> Result<()> {
     eprintln!(
         "prompt: {} tokens; generating up to {} ({})",
         req.prompt.len(),
@@ -186,7 +245,7 @@ fn run_generate(backend: &mut dyn Backend, req: &Request, tokenizer: &Tokenizer,
             generated.tokens.last().unwrap_or(&0)
         );
     }
-    for line in report(&generated.timing, backend.bytes_per_token(), cli.peak_gbs) {
+    for line in report(&generated.timing, backend.bytes_per_token(), peak_gbs) {
         eprintln!("{line}");
     }
     Ok(())
