@@ -7,5 +7,6 @@ pub mod kernels;
 pub mod layers;
 pub mod model;
 pub mod reference;
+pub mod synthetic;
 
 pub use error::{Error, Result};
