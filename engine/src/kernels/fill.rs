@@ -26,8 +26,8 @@ use kernel_macros::kernel;
 /// wrapping u64 arithmetic.
 #[kernel(
     block = THREADS,
-    grid = len.div_ceil(8 * THREADS as u64) as u32,
-    require(len >= 1, len.div_ceil(8 * THREADS as u64) <= 2_147_483_647),
+    grid = len.div_ceil(8 * u64::from(THREADS)) as u32,
+    require(len >= 1, len.div_ceil(8 * u64::from(THREADS)) <= 2_147_483_647),
 )]
 pub fn fill_bf16(
     #[tile(default = 256, candidates = [128, 256, 512])] THREADS: u32,
@@ -68,8 +68,8 @@ pub fn fill_bf16(
 /// [lo, lo + 2²⁴·step). The hash is [`fill_bf16`]'s.
 #[kernel(
     block = THREADS,
-    grid = len.div_ceil(4 * THREADS as u64) as u32,
-    require(len >= 1, len.div_ceil(4 * THREADS as u64) <= 2_147_483_647),
+    grid = len.div_ceil(4 * u64::from(THREADS)) as u32,
+    require(len >= 1, len.div_ceil(4 * u64::from(THREADS)) <= 2_147_483_647),
 )]
 pub fn fill_f32(
     #[tile(default = 256, candidates = [128, 256, 512])] THREADS: u32,
@@ -109,8 +109,8 @@ pub fn fill_f32(
 /// `first` is a multiple of 8, so each thread's 16 bytes are two whole hashes.
 #[kernel(
     block = THREADS,
-    grid = len.div_ceil(16 * THREADS as u64) as u32,
-    require(len >= 1, first % 8 == 0, len.div_ceil(16 * THREADS as u64) <= 2_147_483_647),
+    grid = len.div_ceil(16 * u64::from(THREADS)) as u32,
+    require(len >= 1, first % 8 == 0, len.div_ceil(16 * u64::from(THREADS)) <= 2_147_483_647),
 )]
 pub fn fill_nvfp4_codes(
     #[tile(default = 256, candidates = [128, 256, 512])] THREADS: u32,
@@ -149,14 +149,14 @@ pub fn fill_nvfp4_codes(
 /// sets the weights' (`crate::synthetic`).
 #[kernel(
     block = THREADS,
-    grid = len.div_ceil(16 * THREADS as u64) as u32,
+    grid = len.div_ceil(16 * u64::from(THREADS)) as u32,
     require(
         len >= 1,
         first % 8 == 0,
         lo >= 1,
         span >= 1,
         lo + span <= 127,
-        len.div_ceil(16 * THREADS as u64) <= 2_147_483_647,
+        len.div_ceil(16 * u64::from(THREADS)) <= 2_147_483_647,
     ),
 )]
 pub fn fill_e4m3_scales(
