@@ -369,11 +369,15 @@ pub fn moe(gpu: &Gpu, shape: MoeShape, nvfp4: bool, seed: u64) -> Result<MoeWeig
     let (in_std, down_std, shared_down_std) =
         (projection_std(d), projection_std(shape.inter), projection_std(shape.shared_inter));
     let experts = if nvfp4 {
-        if !shape.shared_inter.is_multiple_of(BLOCK) {
-            return Err(Error::Buffer(format!("NVFP4 shared expert of {} rows", shape.shared_inter)));
+        if !shape.inter.is_multiple_of(BLOCK) || !shape.shared_inter.is_multiple_of(BLOCK) {
+            return Err(Error::Buffer(format!(
+                "NVFP4 down projections of {} and {} columns: not whole blocks of {BLOCK}",
+                shape.inter, shape.shared_inter
+            )));
         }
         let (gate_up_packed, gate_up_scales) = f.new_nvfp4(gpu, 2 * (routed + shared), d, seed, tag::MOE_GATE_UP)?;
-        let (down_packed, down_scales) = f.new_nvfp4(gpu, routed + shared, shape.inter, seed, tag::MOE_DOWN)?;
+        // Rows of inter (routed) and shared_inter (shared) values, both whole blocks (checked).
+        let (down_packed, down_scales) = f.new_nvfp4(gpu, routed + shared, BLOCK, seed, tag::MOE_DOWN)?;
         let mut down_scale2 = vec![nvfp4_scale_2(down_std); e];
         down_scale2.push(nvfp4_scale_2(shared_down_std));
         ExpertsOnDevice::Nvfp4 {
@@ -609,18 +613,19 @@ pub fn layer(gpu: &Gpu, cfg: &ModelConfig, layer: usize, formats: &Formats, seed
         LayerKind::Gdn => MixerWeights::Gdn(gdn(gpu, GdnShape::from_config(cfg)?, formats.gdn_in_proj, part(1))?),
         LayerKind::Qsa => MixerWeights::Qsa(qsa(gpu, QsaShape::from_config(cfg)?, part(1))?),
     };
-    let ple = if cfg.is_ple_layer(layer) { Some(ple(gpu, PleShape::from_config(cfg)?, part(4))?) } else { None };
+    let ple_weights =
+        if cfg.is_ple_layer(layer) { Some(ple(gpu, PleShape::from_config(cfg)?, part(4))?) } else { None };
     Ok(LayerWeights {
         attn_mix: mix(gpu, site, formats.mix, part(0))?,
         mixer,
         ffn_mix: mix(gpu, site, formats.mix, part(2))?,
         moe: moe(gpu, moe_shape(cfg), formats.experts, part(3))?,
-        ple,
+        ple: ple_weights,
     })
 }
 
-/// Every layer of `cfg`; `progress("layer", done, layers)` after each (the fills are enqueued:
-/// the device may still be writing when it is called; the stream is synchronised at the end).
+/// Every layer of `cfg`; `progress("layer", done, layers)` after each, once the device has
+/// written it (a layer of the published model is 1.5 GB in NVFP4: a millisecond or so).
 pub fn layers(
     gpu: &Gpu,
     cfg: &ModelConfig,
@@ -631,9 +636,9 @@ pub fn layers(
     let mut out = Vec::with_capacity(cfg.num_layers);
     for l in 0..cfg.num_layers {
         out.push(layer(gpu, cfg, l, formats, seed)?);
+        gpu.synchronize()?;
         progress("layer", l + 1, cfg.num_layers);
     }
-    gpu.synchronize()?;
     Ok(out)
 }
 

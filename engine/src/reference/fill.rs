@@ -84,18 +84,17 @@ pub fn random_byte(seed: u64, index: u64) -> u8 {
 }
 
 /// `out[i]` = byte `first + i` of the byte stream: the NVFP4 codes' fill (every byte is a valid
-/// pair of e2m1 codes). Eight bytes a hash where the indices allow.
+/// pair of e2m1 codes). One hash per 8-byte word of the stream the range touches (the host fill
+/// of the PLE table makes 29 GB with it).
 pub fn fill_nvfp4_codes(out: &mut [u8], first: u64, seed: u64) {
     let mut i = 0;
     while i < out.len() {
         let index = first + i as u64;
-        if index.is_multiple_of(8) && i + 8 <= out.len() {
-            out[i..i + 8].copy_from_slice(&splitmix64(seed, index / 8).to_le_bytes());
-            i += 8;
-        } else {
-            out[i] = random_byte(seed, index);
-            i += 1;
-        }
+        let word = splitmix64(seed, index / 8).to_le_bytes();
+        let from = (index % 8) as usize;
+        let n = (8 - from).min(out.len() - i);
+        out[i..i + n].copy_from_slice(&word[from..from + n]);
+        i += n;
     }
 }
 
@@ -146,10 +145,18 @@ mod tests {
     fn a_range_is_the_stream_at_its_offset() {
         let mut whole = vec![0u8; 100];
         fill_nvfp4_codes(&mut whole, 0, 42);
+        for (i, &b) in whole.iter().enumerate() {
+            assert_eq!(b, random_byte(42, i as u64));
+        }
         for first in [0usize, 3, 8, 13] {
             let mut part = vec![0u8; 100 - first];
             fill_nvfp4_codes(&mut part, first as u64, 42);
             assert_eq!(part, whole[first..]);
+        }
+        for (at, len) in [(3usize, 5usize), (13, 2), (17, 1), (6, 19)] {
+            let mut mid = vec![0u8; len];
+            fill_nvfp4_codes(&mut mid, at as u64, 42);
+            assert_eq!(mid, whole[at..at + len]);
         }
         let mut scales = vec![0u8; 37];
         fill_e4m3_scales(&mut scales, 16, 9, 0x38, 16);
