@@ -22,7 +22,6 @@ use std::time::Instant;
 
 use engine::cuda::timing::EventTimer;
 use engine::model::config::ModelConfig;
-use engine::model::ple_table::RowFormat;
 use engine::step::{Engine, Formats, ModelOnDevice, StepPlan};
 use flashnext::bench::percentile;
 
@@ -51,7 +50,7 @@ fn main() {
         let context = *CONTEXTS.iter().max().expect("contexts");
         let plan = StepPlan::new(&cfg, formats, context).expect("plan");
         let t0 = Instant::now();
-        let model = ModelOnDevice::synthetic(&g, &cfg, &plan, RowFormat::Nvfp4, 1, &mut |what, done, total| {
+        let model = ModelOnDevice::synthetic(&g, &cfg, &plan, 1, &mut |what, done, total| {
             if done == total {
                 eprintln!("  {what}: {done}/{total}");
             }

@@ -8,5 +8,6 @@ pub mod layers;
 pub mod model;
 pub mod reference;
 pub mod step;
+pub mod synthetic;
 
 pub use error::{Error, Result};

@@ -133,6 +133,11 @@ impl Gpu {
         self.stream.synchronize().during("synchronising the stream")
     }
 
+    /// (free, total) bytes of device memory.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().during("reading the device's free memory")
+    }
+
     /// `len` elements, zero-filled.
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         let bytes = len

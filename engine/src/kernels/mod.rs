@@ -2,6 +2,7 @@
 //! that walk every kernel: the generated files, the NVRTC compile test, the autotuner.
 
 pub mod embed;
+pub mod fill;
 pub mod gdn;
 pub mod gemv_bf16;
 pub mod lm_head;
@@ -45,4 +46,8 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &embed::embed_streams::ERASED,
     &lm_head::lm_head_argmax_bf16::ERASED,
     &lm_head::lm_head_argmax_nvfp4::ERASED,
+    &fill::fill_bf16::ERASED,
+    &fill::fill_f32::ERASED,
+    &fill::fill_nvfp4_codes::ERASED,
+    &fill::fill_e4m3_scales::ERASED,
 ];

@@ -95,6 +95,38 @@ impl LmHead {
         LmHead::with(gpu, vocab, hidden, weights, kernel, tiles.waves)
     }
 
+    /// Takes weights already on the device (made there: `crate::synthetic`), checks their lengths
+    /// against vocab × hidden and compiles the kernel of their format.
+    pub fn from_device(
+        gpu: &Gpu,
+        weights: LmHeadWeights,
+        vocab: usize,
+        hidden: usize,
+        tiles: LmHeadTiles,
+    ) -> Result<LmHead> {
+        let values = vocab * hidden;
+        let (ok, what) = match &weights {
+            LmHeadWeights::Bf16(w) => (w.len() == values, format!("{} values", w.len())),
+            LmHeadWeights::Nvfp4 { packed, scales, scale2 } => (
+                packed.len() * 2 == values && scales.len() * 16 == values && scale2.len() == 1,
+                format!("{} codes, {} scales and {} global scales", packed.len() * 2, scales.len(), scale2.len()),
+            ),
+        };
+        if !ok {
+            return Err(Error::Buffer(format!("lm_head: {what} for a {vocab} × {hidden} matrix")));
+        }
+        let kernel = match &weights {
+            LmHeadWeights::Bf16(_) => LmHeadKernel::Bf16(gpu.kernel(tiles.bf16)?),
+            LmHeadWeights::Nvfp4 { .. } => LmHeadKernel::Nvfp4(gpu.kernel(tiles.nvfp4)?),
+        };
+        LmHead::with(gpu, vocab, hidden, weights, kernel, tiles.waves)
+    }
+
+    /// The weights, for tests that read them back.
+    pub fn weights(&self) -> &LmHeadWeights {
+        &self.weights
+    }
+
     fn with(
         gpu: &Gpu,
         vocab: usize,

@@ -148,6 +148,28 @@ impl ModelConfig {
         ModelConfig::from_json(&text)
     }
 
+    /// The published model's text config (../shared/design/MODEL.md, "Published geometry"): 48
+    /// layers (every fourth QSA), d 2560, 512 experts of 640, PLE on layer id 2. For benchmarks
+    /// with synthetic weights (`crate::synthetic`), where no checkpoint brings its config.json.
+    pub fn published() -> ModelConfig {
+        let json = serde_json::json!({
+            "model_type": "qwen4_exp_text",
+            "vocab_size": 248320, "hidden_size": 2560, "num_hidden_layers": 48, "full_attention_interval": 4,
+            "num_attention_heads": 24, "num_key_value_heads": 2, "head_dim": 256,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+            "indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 128, "indexer_budget": 2048,
+            "indexer_compress_ratio": 4,
+            "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "output_gate_type": "sigmoid",
+            "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 640,
+            "shared_expert_intermediate_size": 640, "norm_topk_prob": true,
+            "hc_count": 4, "hc_lowrank": 320, "rms_norm_eps": 1e-6, "eos_token_id": 248044,
+            "ple_layer_ids": [2], "ple_embed_dim": 2560, "ple_conv_kernel_size": 4, "ngram_size": 3,
+            "heads_per_ngram": 8, "ngram_vocab_size_base": 20_000_000, "make_ngram_vocab_size_divisible_by": 128,
+        });
+        ModelConfig::from_json(&json.to_string()).expect("the published geometry is a valid config")
+    }
+
     /// Reads `config.json` from its text.
     pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
         let root: Value = serde_json::from_str(text).map_err(|e| ConfigError(format!("not valid JSON: {e}")))?;
@@ -482,6 +504,27 @@ mod tests {
         // The nested form gives the same config.
         let nested = serde_json::json!({"model_type": "qwen4_exp", "text_config": tiny(), "vision_config": {}});
         assert_eq!(parse(&nested).expect("valid"), c);
+    }
+
+    #[test]
+    fn the_published_geometry() {
+        let c = ModelConfig::published();
+        assert_eq!(c.layer_kinds.iter().filter(|&&k| k == LayerKind::Qsa).count(), 12);
+        assert_eq!(c.layer_kinds[3], LayerKind::Qsa);
+        assert_eq!((c.hidden_size, c.num_layers, c.vocab_size), (2560, 48, 248_320));
+        assert_eq!((c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim), (24, 2, 256, 64));
+        assert_eq!((c.indexer_heads, c.indexer_head_dim, c.indexer_top_blocks()), (4, 128, 512));
+        assert_eq!(
+            (c.linear_key_heads, c.linear_value_heads, c.linear_key_dim, c.linear_value_dim),
+            (16, 48, 128, 128)
+        );
+        assert_eq!(
+            (c.num_experts, c.experts_per_token, c.expert_intermediate, c.shared_intermediate),
+            (512, 10, 640, 640)
+        );
+        assert_eq!((c.hc_streams, c.hc_rank, c.ple_layers.clone()), (4, 320, vec![1]));
+        assert_eq!((c.ngram_heads(), c.ple_embed_dim / c.ngram_heads()), (16, 160));
+        assert!(c.gdn_gate_sigmoid && c.norm_topk_prob);
     }
 
     #[test]

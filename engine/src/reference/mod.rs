@@ -3,6 +3,7 @@
 //! are its parts, one concept each.
 
 pub mod decoder;
+pub mod fill;
 pub mod gdn;
 pub mod gemv;
 pub mod mix;

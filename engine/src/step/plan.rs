@@ -11,10 +11,12 @@ use crate::layers::moe::{MoeShape, MoeTiles};
 use crate::layers::ple::{PleShape, PleTiles};
 use crate::layers::qsa::{QsaShape, QsaTiles};
 use crate::model::config::{LayerKind, ModelConfig};
+use crate::model::ple_table::RowFormat;
 
-/// Which weights are kept in NVFP4 on the device (quantised at load from a bf16 checkpoint);
-/// the rest stay bf16. Norms, convs, gates and the router are always bf16 or f32.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which weights are kept in NVFP4 on the device (quantised at load from a bf16 checkpoint, or
+/// made so by the synthetic model); the rest stay bf16. Norms, convs, gates, the routers, QSA and
+/// the PLE projections are always bf16 or f32 (their kernels take those).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Formats {
     /// The routed and shared experts' gate, up and down projections.
     pub experts: bool,
@@ -23,13 +25,23 @@ pub struct Formats {
     /// The GDN layers' stacked input projection.
     pub gdn_in_proj: bool,
     pub lm_head: bool,
+    /// The PLE n-gram table's rows in host memory (a table file says its own; a checkpoint's
+    /// tables are put in host memory in bf16).
+    pub ple_table: RowFormat,
 }
 
 impl Formats {
     /// Everything that has an NVFP4 kernel in NVFP4: the format of the benchmarks.
-    pub const NVFP4: Formats = Formats { experts: true, mix: true, gdn_in_proj: true, lm_head: true };
+    pub const NVFP4: Formats =
+        Formats { experts: true, mix: true, gdn_in_proj: true, lm_head: true, ple_table: RowFormat::Nvfp4 };
     /// Everything in bf16, as checkpoints ship: the format parity is checked in.
-    pub const BF16: Formats = Formats { experts: false, mix: false, gdn_in_proj: false, lm_head: false };
+    pub const BF16: Formats =
+        Formats { experts: false, mix: false, gdn_in_proj: false, lm_head: false, ple_table: RowFormat::Bf16 };
+
+    /// [`Formats::NVFP4`] or [`Formats::BF16`].
+    pub const fn all(nvfp4: bool) -> Formats {
+        if nvfp4 { Formats::NVFP4 } else { Formats::BF16 }
+    }
 }
 
 /// Every block's shape and the tiles its kernels run at.

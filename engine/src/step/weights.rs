@@ -5,6 +5,8 @@
 use half::bf16;
 
 use super::plan::StepPlan;
+use crate::model::config::ModelConfig;
+use crate::synthetic;
 use crate::cuda::{DeviceBuffer, Gpu, MappedHostBuffer};
 use crate::error::{Error, Result};
 use crate::layers::gdn::GdnWeightsOnDevice;
@@ -140,6 +142,50 @@ fn moe_on_device(gpu: &Gpu, w: &MoeWeights, shape: MoeShape, nvfp4: bool) -> Res
 }
 
 impl ModelOnDevice {
+    /// Random weights of `cfg` made on the device from `seed` ([`crate::synthetic`]) in the
+    /// plan's formats, the PLE table in pinned host memory in `table` format;
+    /// `progress(what, done, total)` as each layer lands and while the table fills. Refuses, before
+    /// allocating, a model that does not fit the device's memory (saying how much it needs).
+    pub fn synthetic(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        plan: &StepPlan,
+        seed: u64,
+        progress: &mut dyn FnMut(&str, usize, usize),
+    ) -> Result<ModelOnDevice> {
+        let f = plan.formats;
+        let bytes = synthetic::synthetic_weight_bytes(cfg, &f)?;
+        let (free, _) = gpu.memory()?;
+        // Caches, states, scratch and the kernels' modules come on top of the weights.
+        let margin = 2 << 30;
+        if bytes.device() + margin > free {
+            return Err(Error::Buffer(format!(
+                "the synthetic model needs {:.1} GB of device memory for its weights (and ~2 GB more), {:.1} GB \
+                 are free on {}",
+                bytes.device() as f64 / 1e9,
+                free as f64 / 1e9,
+                gpu.info().name
+            )));
+        }
+        let layers = synthetic::layers(gpu, cfg, &f, seed, progress)?;
+        let ple = if cfg.ple_layers.is_empty() {
+            None
+        } else {
+            let table = synthetic::ple_table(gpu, cfg, f.ple_table, synthetic::model_part_seed(seed, 3), progress)?;
+            let hashes = cfg.ple_layers.iter().enumerate().map(|(i, _)| NgramHash::new(cfg, i)).collect();
+            Some(PleOnDevice { hashes, table: PleTable::File(table) })
+        };
+        let (vocab, d) = (cfg.vocab_size, cfg.hidden_size);
+        Ok(ModelOnDevice {
+            embed: synthetic::embed(gpu, vocab, d, synthetic::model_part_seed(seed, 1))?,
+            vocab,
+            layers,
+            final_mix: synthetic::final_mix(gpu, cfg, &f, seed)?,
+            lm_head: synthetic::lm_head(gpu, vocab, d, f.lm_head, synthetic::model_part_seed(seed, 2), plan.lm_head_tiles)?,
+            ple,
+        })
+    }
+
     /// Uploads `w` as `plan` says, calling `progress(done, total)` after each layer.
     pub fn upload(
         gpu: &Gpu,

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use engine::cuda::Gpu;
 use engine::model::config::ModelConfig;
-use engine::model::ple_table::RowFormat;
 use engine::model::weights::ModelWeights;
 use engine::step::{Engine, Formats, ModelOnDevice, Profile, StepPlan};
 
@@ -64,7 +63,7 @@ impl GpuBackend {
         let plan = StepPlan::new(cfg, Formats::NVFP4, context)?;
         let start = Instant::now();
         let mut show = progress_printer("making synthetic weights");
-        let model = ModelOnDevice::synthetic(&gpu, cfg, &plan, RowFormat::Nvfp4, seed, &mut show)?;
+        let model = ModelOnDevice::synthetic(&gpu, cfg, &plan, seed, &mut show)?;
         eprintln!("made the synthetic model in {:.2} s", start.elapsed().as_secs_f64());
         GpuBackend::new(gpu, plan, model)
     }
