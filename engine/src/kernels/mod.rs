@@ -9,6 +9,7 @@ pub mod mix;
 pub mod moe;
 pub mod ple;
 pub mod qsa;
+pub mod sample;
 pub mod zc_rmsnorm;
 
 use kernel_dsl::AnyKernel;
@@ -45,4 +46,5 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &embed::embed_streams::ERASED,
     &lm_head::lm_head_argmax_bf16::ERASED,
     &lm_head::lm_head_argmax_nvfp4::ERASED,
+    &sample::sample_top_p::ERASED,
 ];

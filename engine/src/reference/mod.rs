@@ -11,3 +11,4 @@ pub mod norm;
 pub mod ple;
 pub mod qsa;
 pub mod rope;
+pub mod sample;
