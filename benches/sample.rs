@@ -60,8 +60,7 @@ fn bench_sample(c: &mut Criterion) {
     let device = gpu.info().name.clone();
     println!("device {device}: sampling over {VOCAB} logits");
     let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let mut jsonl =
-        std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-sample.jsonl")).ok();
+    let mut jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-sample.jsonl")).ok();
     let sweep = std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none();
     let mut rng = Rng::new(0x5a3b1e);
     let normal: Vec<f32> = (0..VOCAB).map(|_| 3.0 * rng.normal()).collect();

@@ -89,9 +89,11 @@ fn run_cases(gpu: &Gpu, rng: &mut Rng, vocab: usize, tied: bool, draws: u32, til
     let host = logits(rng, vocab, 3.0, tied);
     let dev = gpu.upload(&host).expect("logits");
     let (mut total, mut exact) = (0, 0);
-    for (temperature, top_p) in [(1.0, 1.0), (0.7, 0.9), (1.5, 0.5), (0.3, 0.95), (2.0, 1.0), (1.0, 1e-6), (1e-3, 1.0)] {
+    for (temperature, top_p) in [(1.0, 1.0), (0.7, 0.9), (1.5, 0.5), (0.3, 0.95), (2.0, 1.0), (1.0, 1e-6), (1e-3, 1.0)]
+    {
         let params = SampleParams { temperature, top_p, seed: rng.next_u64() };
-        let label = format!("vocab {vocab} tied {tied} T {temperature} top_p {top_p} seed {:#x} {tiles:?}", params.seed);
+        let label =
+            format!("vocab {vocab} tied {tied} T {temperature} top_p {top_p} seed {:#x} {tiles:?}", params.seed);
         let mut s = Sampler::load(gpu, vocab, params, tiles).unwrap_or_else(|e| panic!("{label}: {e}"));
         let n = Nucleus::new(&host, temperature, top_p);
         let first = rng.next_u64() as u32 % 1_000_000;

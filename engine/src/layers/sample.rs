@@ -32,7 +32,8 @@ impl Sampler {
                 tiles.blocks
             )));
         }
-        let sampler = Sampler { vocab, params, kernel, mass: gpu.alloc(MASS_WORDS)?, scratch: gpu.alloc(SCRATCH_WORDS)? };
+        let sampler =
+            Sampler { vocab, params, kernel, mass: gpu.alloc(MASS_WORDS)?, scratch: gpu.alloc(SCRATCH_WORDS)? };
         sample_top_p::Kernel::launch_dims(&tiles, &sampler.args(0, 0, 0))
             .map_err(|e| Error::Buffer(format!("sampler over {vocab} logits: {e}")))?;
         Ok(sampler)
