@@ -27,8 +27,8 @@
 // search early; after the third pass the bin is one key value, and the mass still wanted picks
 // the j-th of its tied tokens, by id. Select 1 (the nucleus) gives S; select 2 (the pick) reuses
 // select 1's first histogram, and its token's owner writes it (ties: a last barrier shares
-// each block's count of them). Typically four barriers: the maximum, select 1's first two
-// passes, select 2's second.
+// each block's count of them). Two to seven barriers: the maximum, one to three for select 1,
+// none to two for select 2, and one for ties at the pick.
 //
 // If every mass is zero (only with non-finite logits: all NaN or −∞, or a +∞) the token is 0.
 //

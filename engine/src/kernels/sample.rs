@@ -59,8 +59,8 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 /// search early; after the third pass the bin is one key value, and the mass still wanted picks
 /// the j-th of its tied tokens, by id. Select 1 (the nucleus) gives S; select 2 (the pick) reuses
 /// select 1's first histogram, and its token's owner writes it (ties: a last barrier shares
-/// each block's count of them). Typically four barriers: the maximum, select 1's first two
-/// passes, select 2's second.
+/// each block's count of them). Two to seven barriers: the maximum, one to three for select 1,
+/// none to two for select 2, and one for ties at the pick.
 ///
 /// If every mass is zero (only with non-finite logits: all NaN or −∞, or a +∞) the token is 0.
 ///
@@ -190,8 +190,9 @@ pub fn sample_top_p(
     let inv_t = 1.0 / temperature;
     let top_bin = 2047 - tid * per_thread;
 
-    // The search: select 0 (the nucleus, X = the cut) then select 1 (the pick, X = ⌊S·r/2³²⌋ + 1),
-    // each up to three passes. `want`: the mass still wanted below the bits fixed so far.
+    // The search: select 1 (`sel` 0: the nucleus, X = the cut) then select 2 (`sel` 1: the pick,
+    // X = ⌊S·r/2³²⌋ + 1), each up to three passes. `want`: the mass still wanted among the keys
+    // that match the bits fixed so far.
     let mut sel = 0u32;
     let mut pass = 0u32;
     let mut prefix = 0u32;
