@@ -126,7 +126,8 @@ pub fn reductions(
     }
 }
 
-/// Every memory intrinsic: streaming, vector, L2 and acquire loads, vector stores, atomics, a fence;
+/// Every memory intrinsic: streaming, vector, L2 and acquire loads, vector stores, atomics (u64
+/// too), a fence;
 /// vector constructors and lanes, read and written.
 #[kernel(block = 128, grid = div_ceil(n, 512))]
 pub fn memory(
@@ -136,9 +137,11 @@ pub fn memory(
     partial: &mut [f32],
     counters: &mut [u32],
     hist: &mut [i32],
+    wide: &mut [u64],
     n: u32,
 ) {
     let tile = shared::<u32, 512>();
+    let wide_tile = shared::<u64, 128>();
     let t = thread_idx();
     let i = block_idx() * 512 + t * 4;
     let words = load_stream::<u32x4>(w, i);
@@ -155,6 +158,9 @@ pub fn memory(
     let old = atomic_add(counters, block_idx(), back.y);
     atomic_add(hist, t, -1);
     atomic_add(tile, t, 1);
+    let sum = load_cg(wide, 0);
+    atomic_add(wide, 1, sum + 1);
+    atomic_add(wide_tile, t, sum);
     thread_fence();
     let released = load_acquire(counters, 1);
     partial[i] = seen + count as f32 + old as f32 + released as f32;

@@ -69,6 +69,7 @@ __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
 // The built-in is an ordinary load to the compiler: several can be in flight at once.
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
 
 // Programmatic dependent launch: wait until the grids this one overlaps have finished and
 // their writes are visible; let the next grid start (its blocks wait in turn).

@@ -51,6 +51,7 @@ __device__ __forceinline__ uint4 ld_stream_u32x4(const void* p) {
 // The built-in is an ordinary load to the compiler: several can be in flight at once.
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
 
 extern "C" __global__ void __launch_bounds__(256) lm_head_argmax_bf16(
     const bf16* __restrict__ w,

@@ -43,6 +43,7 @@
 // The built-in is an ordinary load to the compiler: several can be in flight at once.
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
 
 // A load with acquire semantics at GPU scope, from L2: what other blocks released (a fence
 // then their store or atomic) is visible to the loads after it. Volatile: a spin re-reads.

@@ -419,8 +419,8 @@ impl Intrinsic {
                 arity(2)?;
                 let base = args[0];
                 match base {
-                    Type::Ptr { elem: Elem::Scalar(Scalar::F32 | Scalar::U32), .. } => {}
-                    _ => return Err(format!("argument 1 must be a global f32 or u32 pointer, found {base}")),
+                    Type::Ptr { elem: Elem::Scalar(Scalar::F32 | Scalar::U32 | Scalar::U64), .. } => {}
+                    _ => return Err(format!("argument 1 must be a global f32, u32 or u64 pointer, found {base}")),
                 }
                 let index = index_type(args[1])?;
                 sig(vec![base, index], base.indexed().map_or(Type::Void, Elem::as_type))
@@ -453,7 +453,7 @@ impl Intrinsic {
                 sig(vec![base, index, args[2]], Type::Void)
             }
             I::AtomicMax => atomic(args, &[Scalar::U32, Scalar::I32]),
-            I::AtomicAdd => atomic(args, &[Scalar::F32, Scalar::U32, Scalar::I32]),
+            I::AtomicAdd => atomic(args, &[Scalar::F32, Scalar::U32, Scalar::I32, Scalar::U64]),
         }
     }
 

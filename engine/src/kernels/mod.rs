@@ -10,6 +10,7 @@ pub mod mix;
 pub mod moe;
 pub mod ple;
 pub mod qsa;
+pub mod sample;
 pub mod zc_rmsnorm;
 
 use kernel_dsl::AnyKernel;
@@ -50,4 +51,5 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &fill::fill_f32::ERASED,
     &fill::fill_nvfp4_codes::ERASED,
     &fill::fill_e4m3_scales::ERASED,
+    &sample::sample_top_p::ERASED,
 ];

@@ -7,3 +7,4 @@ pub mod mix;
 pub mod moe;
 pub mod ple;
 pub mod qsa;
+pub mod sample;

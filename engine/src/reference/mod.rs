@@ -12,3 +12,4 @@ pub mod norm;
 pub mod ple;
 pub mod qsa;
 pub mod rope;
+pub mod sample;

@@ -382,7 +382,8 @@ impl Helper {
                 "// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).\n\
                  // The built-in is an ordinary load to the compiler: several can be in flight at once.\n\
                  __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }\n\
-                 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }\n"
+                 __device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }\n\
+                 __device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }\n"
             }
             H::LdAcquire => {
                 "// A load with acquire semantics at GPU scope, from L2: what other blocks released (a fence\n\
