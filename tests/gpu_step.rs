@@ -210,3 +210,46 @@ fn bad_tokens_and_too_long_contexts_are_refused_without_harm() {
     assert!(matches!(err, engine::Error::ContextTooLong { .. }), "{err}");
     println!("refused: {err}");
 }
+
+/// Sampling on the device after the lm_head: with top-p near 0 it is the greedy choice; with
+/// temperature 1 and top-p 0.9 the graph replays draw the tokens the eager launches draw, and a
+/// different seed draws other tokens.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sampling_on_the_device_replays_in_the_graph() {
+    use engine::layers::sample::SampleParams;
+    let (weights, g) = tiny_step();
+    let gpu = flashnext::gpu::open();
+    let mut e = load(gpu, &weights, Formats::BF16, 256);
+    let prompt = &g.tokens[..g.prompt_len];
+    let decode = |e: &mut Engine, graph: bool, n: usize| -> Vec<u32> {
+        e.reset().expect("reset");
+        if graph && !e.is_captured() {
+            e.step(prompt[0]).expect("warm-up");
+            e.capture().expect("capture");
+            e.reset().expect("reset");
+        }
+        let mut next = 0;
+        for &t in prompt {
+            next = e.step(t).expect("prompt");
+        }
+        let mut out = vec![next];
+        while out.len() < n {
+            next = e.step(next).expect("decode");
+            out.push(next);
+        }
+        out
+    };
+    let greedy = decode(&mut e, false, 32);
+    e.set_sampling(Some(SampleParams { temperature: 1.0, top_p: 1e-6, seed: 5 })).expect("sampler");
+    assert_eq!(decode(&mut e, false, 32), greedy, "top-p near 0 is greedy");
+    e.set_sampling(Some(SampleParams { temperature: 1.0, top_p: 0.9, seed: 5 })).expect("sampler");
+    let eager = decode(&mut e, false, 64);
+    let graph = decode(&mut e, true, 64);
+    assert_eq!(eager, graph, "graph and eager draws");
+    e.set_sampling(Some(SampleParams { temperature: 1.0, top_p: 0.9, seed: 6 })).expect("sampler");
+    let other = decode(&mut e, false, 64);
+    assert_ne!(other, eager, "another seed draws other tokens");
+    assert_ne!(eager, greedy[..].iter().copied().chain(std::iter::repeat(0)).take(64).collect::<Vec<_>>());
+    println!("sampled: {:?}", &eager[..16]);
+}

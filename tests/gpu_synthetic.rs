@@ -16,8 +16,8 @@ use engine::reference::fill::{self as reference, Uniform};
 use engine::step::Formats;
 use engine::step::weights::MixerOnDevice;
 use engine::synthetic::{
-    self, SCALE_LO, SCALE_SPAN, Stream, layer_part_seed, model_part_seed, nvfp4_scale_2,
-    projection_std, stream_seed, tag,
+    self, SCALE_LO, SCALE_SPAN, Stream, layer_part_seed, model_part_seed, nvfp4_scale_2, projection_std, stream_seed,
+    tag,
 };
 use flashnext::rng::Rng;
 use half::bf16;

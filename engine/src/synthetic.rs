@@ -52,9 +52,9 @@ use crate::layers::qsa::{QsaShape, QsaWeightsOnDevice};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::nvfp4::BLOCK;
 use crate::model::ple_table::{RowFormat, TableHeader};
+use crate::reference::fill::{self as reference, Uniform, derive_seed};
 use crate::step::Formats;
 use crate::step::weights::{LayerOnDevice, MixerOnDevice};
-use crate::reference::fill::{self as reference, Uniform, derive_seed};
 
 /// The first e4m3 code of the block scales (0x38 = 1.0).
 pub const SCALE_LO: u8 = 0x38;

@@ -30,6 +30,7 @@ use crate::layers::ple::{
     Gather, PleHashOnDevice, PleKernels, PleLaunches, PleScratch, PleStateOnDevice, PleStreams, enqueue_rows_on_side,
 };
 use crate::layers::qsa::{QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, check_position};
+use crate::layers::sample::{SampleParams, Sampler};
 
 /// The named stages of a step, in the order they run: what `--profile` times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -169,6 +170,9 @@ pub struct Engine {
     scratch: Scratch,
     side: Option<SideStream>,
     launches: Vec<Launch>,
+    /// Temperature / top-p sampling after the lm_head (its token replaces the greedy one); None:
+    /// greedy.
+    sampler: Option<Sampler>,
     graph: Option<Graph>,
     position: usize,
     streams: usize,
@@ -365,6 +369,7 @@ impl Engine {
             scratch,
             side,
             launches,
+            sampler: None,
             graph: None,
             position: 0,
             streams: n,
@@ -378,8 +383,8 @@ impl Engine {
 
     /// Frees the model, its states and buffers, and hands the device back (to load another).
     pub fn into_gpu(self) -> Gpu {
-        let Engine { gpu, plan, model, kernels, buffers, states, scratch, side, launches, graph, .. } = self;
-        drop((graph, launches, side, scratch, states, buffers, kernels, model, plan));
+        let Engine { gpu, plan, model, kernels, buffers, states, scratch, side, launches, sampler, graph, .. } = self;
+        drop((graph, sampler, launches, side, scratch, states, buffers, kernels, model, plan));
         // The frees are enqueued on the stream: wait for them, so the next load sees the memory.
         gpu.synchronize().ok();
         gpu
@@ -408,7 +413,8 @@ impl Engine {
         self.launches
             .iter()
             .map(|l| match l {
-                Launch::Embed(_) | Launch::LmHead => 1,
+                Launch::Embed(_) => 1,
+                Launch::LmHead => 1 + usize::from(self.sampler.is_some()),
                 Launch::PleRows { gathers, .. } => 1 + gathers.len(),
                 Launch::PleBlock { .. } | Launch::Mix(..) => 2,
                 Launch::Gdn(_) | Launch::Moe(_) => 3,
@@ -472,8 +478,8 @@ impl Engine {
 
     /// Enqueues every launch of one step, calling `after(stage)` after each group.
     fn enqueue_step(&mut self, after: &mut dyn FnMut(&Gpu, Stage) -> Result<()>) -> Result<()> {
-        let Engine { gpu, kernels, launches, side, model, buffers, .. } = self;
-        enqueue(gpu, kernels, launches, side.as_ref(), &mut model.lm_head, buffers, after)
+        let Engine { gpu, kernels, launches, side, model, buffers, sampler, .. } = self;
+        enqueue(gpu, kernels, launches, side.as_ref(), &mut model.lm_head, sampler.as_mut(), buffers, after)
     }
 
     /// Decodes `token` at the next position eagerly or through the graph (when captured):
@@ -551,11 +557,21 @@ impl Engine {
     /// do). The state is not touched by the capture (nothing runs during it).
     pub fn capture(&mut self) -> Result<()> {
         self.graph = None;
-        let Engine { gpu, kernels, launches, side, model, buffers, .. } = self;
+        let Engine { gpu, kernels, launches, side, model, buffers, sampler, .. } = self;
         let graph = gpu.capture(|| {
-            enqueue(gpu, kernels, launches, side.as_ref(), &mut model.lm_head, buffers, &mut |_, _| Ok(()))
+            let lm_head = &mut model.lm_head;
+            enqueue(gpu, kernels, launches, side.as_ref(), lm_head, sampler.as_mut(), buffers, &mut |_, _| Ok(()))
         })?;
         self.graph = Some(graph);
+        Ok(())
+    }
+
+    /// Samples each next token with temperature and top-p on the device (the uniform drawn from
+    /// the seed and the position of the token decoded), or greedily with None (the lm_head's fused
+    /// argmax). Drops the graph: the parameters are baked into its launch; capture again.
+    pub fn set_sampling(&mut self, params: Option<SampleParams>) -> Result<()> {
+        self.graph = None;
+        self.sampler = params.map(|p| Sampler::new(&self.gpu, self.model.vocab, p)).transpose()?;
         Ok(())
     }
 
@@ -601,6 +617,7 @@ fn enqueue(
     launches: &[Launch],
     side: Option<&SideStream>,
     lm_head: &mut LmHead,
+    mut sampler: Option<&mut Sampler>,
     buffers: &mut Buffers,
     after: &mut dyn FnMut(&Gpu, Stage) -> Result<()>,
 ) -> Result<()> {
@@ -627,7 +644,13 @@ fn enqueue(
                 Launch::Gdn(g) => g.enqueue(gpu, k.gdn.as_ref().expect("made with GDN"))?,
                 Launch::Qsa(q) => q.enqueue(gpu, k.qsa.as_ref().expect("made with QSA"))?,
                 Launch::Moe(m) => m.enqueue(gpu, &k.moe)?,
-                Launch::LmHead => lm_head.launch(gpu, &buffers.x, &mut buffers.logits, &mut buffers.next)?,
+                Launch::LmHead => {
+                    lm_head.launch(gpu, &buffers.x, &mut buffers.logits, &mut buffers.next)?;
+                    if let Some(s) = &mut sampler {
+                        // The position word of the metadata seeds the uniform.
+                        s.launch(gpu, &buffers.logits, &buffers.meta, &mut buffers.next)?;
+                    }
+                }
             }
         }
         after(gpu, launch.stage())?;

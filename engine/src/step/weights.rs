@@ -5,8 +5,6 @@
 use half::bf16;
 
 use super::plan::StepPlan;
-use crate::model::config::ModelConfig;
-use crate::synthetic;
 use crate::cuda::{DeviceBuffer, Gpu, MappedHostBuffer};
 use crate::error::{Error, Result};
 use crate::layers::gdn::GdnWeightsOnDevice;
@@ -15,9 +13,11 @@ use crate::layers::mix::{MixShape, MixWeightsOnDevice};
 use crate::layers::moe::{ExpertNvfp4, MoeShape, MoeWeightsOnDevice, StackedNvfp4};
 use crate::layers::ple::{PleTableOnHost, PleWeightsOnDevice, TableRows};
 use crate::layers::qsa::QsaWeightsOnDevice;
+use crate::model::config::ModelConfig;
 use crate::model::ngram_hash::NgramHash;
 use crate::model::nvfp4::Nvfp4Matrix;
 use crate::model::weights::{Linear, MixWeights, MixerWeights, ModelWeights, MoeWeights};
+use crate::synthetic;
 
 /// One layer's token mixer.
 #[derive(Debug)]
@@ -181,7 +181,14 @@ impl ModelOnDevice {
             vocab,
             layers,
             final_mix: synthetic::final_mix(gpu, cfg, &f, seed)?,
-            lm_head: synthetic::lm_head(gpu, vocab, d, f.lm_head, synthetic::model_part_seed(seed, 2), plan.lm_head_tiles)?,
+            lm_head: synthetic::lm_head(
+                gpu,
+                vocab,
+                d,
+                f.lm_head,
+                synthetic::model_part_seed(seed, 2),
+                plan.lm_head_tiles,
+            )?,
             ple,
         })
     }
@@ -218,7 +225,9 @@ impl ModelOnDevice {
                     MixerOnDevice::Qsa(QsaWeightsOnDevice::upload_bf16(gpu, *shape, q)?)
                 }
                 _ => {
-                    return Err(Error::Buffer(format!("layer {l}: its weights are of a kind the config does not list")));
+                    return Err(Error::Buffer(format!(
+                        "layer {l}: its weights are of a kind the config does not list"
+                    )));
                 }
             };
             let ple = match (&lw.ple, &plan.ple) {

@@ -3,6 +3,7 @@
 //! will, with the greedy choice fused into its lm_head so only one id crosses to the host.
 
 use super::error::Result;
+use super::sampler::Sampler;
 
 /// One sequence being decoded. Positions advance by one per [`Backend::step`] from 0 after
 /// [`Backend::reset`].
@@ -28,4 +29,11 @@ pub trait Backend {
     /// The bytes the step reads from memory per token (weights and state), when the backend knows
     /// them: the byte floor the timing report compares against.
     fn bytes_per_token(&self) -> Option<u64>;
+
+    /// The next token drawn by `sampler` from the last step (`position`: the next token's, which
+    /// seeds the host sampler's uniform). By default on the host from [`Backend::logits`]; a
+    /// backend that samples on the device returns its own draw.
+    fn sample(&mut self, sampler: &Sampler, position: u64) -> Result<u32> {
+        sampler.sample(&self.logits()?, position)
+    }
 }

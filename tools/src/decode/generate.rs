@@ -51,7 +51,7 @@ pub fn generate(
         let position = (req.prompt.len() + i) as u64;
         let next = match req.sampler {
             Sampler::Greedy => backend.greedy()?,
-            s => s.sample(&backend.logits()?, position)?,
+            s => backend.sample(&s, position)?,
         };
         tokens.push(next);
         on_token(next)?;

@@ -6,12 +6,14 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use engine::cuda::Gpu;
+use engine::layers::sample::SampleParams;
 use engine::model::config::ModelConfig;
 use engine::model::weights::ModelWeights;
 use engine::step::{Engine, Formats, ModelOnDevice, Profile, StepPlan};
 
 use super::backend::Backend;
 use super::error::{Result, fail};
+use super::sampler::Sampler;
 
 /// The engine, and what the run asked of it.
 pub struct GpuBackend {
@@ -22,6 +24,8 @@ pub struct GpuBackend {
     /// With --profile: every step eager, its stages timed and summed here.
     profile: Option<Profile>,
     profiled_steps: usize,
+    /// The device sampler's parameters; None: greedy.
+    sampling: Option<SampleParams>,
 }
 
 impl std::fmt::Debug for GpuBackend {
@@ -75,7 +79,21 @@ impl GpuBackend {
             engine.launches_per_token(),
             engine.bytes_per_token(0) as f64 / 1e6
         );
-        Ok(GpuBackend { engine, next: None, eager: false, profile: None, profiled_steps: 0 })
+        Ok(GpuBackend { engine, next: None, eager: false, profile: None, profiled_steps: 0, sampling: None })
+    }
+
+    /// Samples on the device after every step with `sampler`'s temperature, top-p and seed (its
+    /// uniform drawn from the seed and the position of the token decoded: a stream of its own, not
+    /// the host sampler's); greedy is the lm_head's own choice.
+    pub fn set_sampling(&mut self, sampler: &Sampler) -> Result<()> {
+        self.sampling = match *sampler {
+            Sampler::Greedy => None,
+            Sampler::TopP { temperature, top_p, seed } => {
+                Some(SampleParams { temperature: temperature as f32, top_p: top_p as f32, seed })
+            }
+        };
+        self.engine.set_sampling(self.sampling)?;
+        Ok(())
     }
 
     /// Every step eager (no graph).
@@ -167,5 +185,18 @@ impl Backend for GpuBackend {
 
     fn bytes_per_token(&self) -> Option<u64> {
         Some(self.engine.bytes_per_token(self.engine.position()) as u64)
+    }
+
+    /// The device's draw when the engine samples with these parameters ([`GpuBackend::set_sampling`]),
+    /// else the host's from the logits.
+    fn sample(&mut self, sampler: &Sampler, position: u64) -> Result<u32> {
+        match (sampler, self.sampling) {
+            (Sampler::TopP { temperature, top_p, seed }, Some(p))
+                if p == (SampleParams { temperature: *temperature as f32, top_p: *top_p as f32, seed: *seed }) =>
+            {
+                self.greedy()
+            }
+            _ => sampler.sample(&self.logits()?, position),
+        }
     }
 }

@@ -82,7 +82,9 @@ impl ModelSource {
                 Checkpoint::from_static("<embedded tiny-step>/model.safetensors", EMBEDDED_WEIGHTS)?
             }
             ModelSource::Dir(d) => Checkpoint::open(d)?,
-            ModelSource::Synthetic { .. } => return fail("a synthetic model has no checkpoint: its weights are made on the device"),
+            ModelSource::Synthetic { .. } => {
+                return fail("a synthetic model has no checkpoint: its weights are made on the device");
+            }
         })
     }
 

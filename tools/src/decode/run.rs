@@ -12,9 +12,9 @@ use engine::step::Formats;
 use super::backend::Backend;
 use super::cli::Cli;
 use super::cpu::CpuBackend;
-use super::gpu::GpuBackend;
 use super::error::{Result, fail};
 use super::generate::{Request, generate};
+use super::gpu::GpuBackend;
 use super::ids::{check_vocab, parse_list, read_ids};
 use super::model::ModelSource;
 use super::sampler::Sampler;
@@ -139,6 +139,9 @@ pub fn run(cli: &Cli) -> Result<()> {
                     GpuBackend::from_weights(gpu, &weights, formats, cli.context)?
                 }
             };
+            if let Job::Generate(req) = &job {
+                backend.set_sampling(&req.sampler)?;
+            }
             backend.set_eager(cli.eager);
             backend.set_profile(cli.profile);
             run_job(&mut backend, job, &tokenizer, cli, peak_gbs)?;
