@@ -479,7 +479,7 @@ impl Engine {
     /// Enqueues every launch of one step, calling `after(stage)` after each group.
     fn enqueue_step(&mut self, after: &mut dyn FnMut(&Gpu, Stage) -> Result<()>) -> Result<()> {
         let Engine { gpu, kernels, launches, side, model, buffers, sampler, .. } = self;
-        enqueue(gpu, kernels, launches, side.as_ref(), &mut model.lm_head, sampler.as_mut(), buffers, after)
+        enqueue(gpu, kernels, launches, side.as_ref(), (&mut model.lm_head, sampler.as_mut()), buffers, after)
     }
 
     /// Decodes `token` at the next position eagerly or through the graph (when captured):
@@ -560,7 +560,7 @@ impl Engine {
         let Engine { gpu, kernels, launches, side, model, buffers, sampler, .. } = self;
         let graph = gpu.capture(|| {
             let lm_head = &mut model.lm_head;
-            enqueue(gpu, kernels, launches, side.as_ref(), lm_head, sampler.as_mut(), buffers, &mut |_, _| Ok(()))
+            enqueue(gpu, kernels, launches, side.as_ref(), (lm_head, sampler.as_mut()), buffers, &mut |_, _| Ok(()))
         })?;
         self.graph = Some(graph);
         Ok(())
@@ -616,8 +616,7 @@ fn enqueue(
     k: &Kernels,
     launches: &[Launch],
     side: Option<&SideStream>,
-    lm_head: &mut LmHead,
-    mut sampler: Option<&mut Sampler>,
+    (lm_head, mut sampler): (&mut LmHead, Option<&mut Sampler>),
     buffers: &mut Buffers,
     after: &mut dyn FnMut(&Gpu, Stage) -> Result<()>,
 ) -> Result<()> {

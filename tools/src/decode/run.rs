@@ -38,7 +38,7 @@ enum Job {
 /// Which backend runs the step, and why.
 enum Choice {
     /// The GPU engine on this device.
-    Gpu(Gpu),
+    Gpu(Box<Gpu>),
     /// The CPU reference; the reason is shown on stderr.
     Cpu(String),
 }
@@ -49,7 +49,7 @@ fn choose(cli: &Cli) -> Result<Choice> {
         Choice::Cpu("--cpu was given".into())
     } else {
         match Gpu::open(0) {
-            Ok(gpu) => Choice::Gpu(gpu),
+            Ok(gpu) => Choice::Gpu(Box::new(gpu)),
             Err(e) => Choice::Cpu(format!("no usable GPU: {e}")),
         }
     };
@@ -132,11 +132,11 @@ pub fn run(cli: &Cli) -> Result<()> {
                 None => copy_bandwidth(&gpu, 1 << 30)? / 1e9,
             };
             let mut backend = match &source {
-                ModelSource::Synthetic { seed } => GpuBackend::synthetic(gpu, &cfg, cli.context, *seed)?,
+                ModelSource::Synthetic { seed } => GpuBackend::synthetic(*gpu, &cfg, cli.context, *seed)?,
                 _ => {
                     let weights = source.load_weights(&cfg)?;
                     let formats = if cli.nvfp4 { Formats::NVFP4 } else { Formats::BF16 };
-                    GpuBackend::from_weights(gpu, &weights, formats, cli.context)?
+                    GpuBackend::from_weights(*gpu, &weights, formats, cli.context)?
                 }
             };
             if let Job::Generate(req) = &job {
