@@ -35,6 +35,29 @@ fn margin(logits: &[f32]) -> f32 {
     v[0] - v[1]
 }
 
+/// A fresh sequence: `prompt`, then `n` tokens each fed back (the engine's choice: greedy, or
+/// its sampler's), eagerly or through the graph (captured first if it is not).
+fn decode(e: &mut Engine, prompt: &[u32], n: usize, graph: bool) -> Vec<u32> {
+    if graph && !e.is_captured() {
+        e.reset().expect("reset");
+        e.step(prompt[0]).expect("warm-up");
+        e.capture().expect("capture");
+    } else if !graph {
+        e.release_graph();
+    }
+    e.reset().expect("reset");
+    let mut next = 0;
+    for &t in prompt {
+        next = e.step(t).expect("prompt");
+    }
+    let mut out = vec![next];
+    while out.len() < n {
+        next = e.step(next).expect("decode");
+        out.push(next);
+    }
+    out
+}
+
 /// A router margin below which bf16 activations may pick another expert than the f32 reference.
 const NEAR_TIE: f32 = 1e-2;
 
@@ -136,26 +159,8 @@ fn graph_and_eager_decode_the_same_256_tokens() {
     let gpu = flashnext::gpu::open();
     let mut e = load(gpu, &weights, Formats::BF16, 512);
     let prompt = &g.tokens[..g.prompt_len];
-    let run = |e: &mut Engine, graph: bool| -> Vec<u32> {
-        e.reset().expect("reset");
-        if graph && !e.is_captured() {
-            e.step(prompt[0]).expect("warm-up");
-            e.capture().expect("capture");
-            e.reset().expect("reset");
-        }
-        let mut next = 0;
-        for &t in prompt {
-            next = e.step(t).expect("prompt");
-        }
-        let mut out = vec![next];
-        while out.len() < 256 {
-            next = e.step(next).expect("decode");
-            out.push(next);
-        }
-        out
-    };
-    let eager = run(&mut e, false);
-    let graph = run(&mut e, true);
+    let eager = decode(&mut e, prompt, 256, false);
+    let graph = decode(&mut e, prompt, 256, true);
     assert_eq!(eager, graph, "graph and eager tokens");
     let want = &g.tokens[g.prompt_len..];
     let agree = eager.iter().zip(want).take_while(|(a, b)| a == b).count();
@@ -222,33 +227,15 @@ fn sampling_on_the_device_replays_in_the_graph() {
     let gpu = flashnext::gpu::open();
     let mut e = load(gpu, &weights, Formats::BF16, 256);
     let prompt = &g.tokens[..g.prompt_len];
-    let decode = |e: &mut Engine, graph: bool, n: usize| -> Vec<u32> {
-        e.reset().expect("reset");
-        if graph && !e.is_captured() {
-            e.step(prompt[0]).expect("warm-up");
-            e.capture().expect("capture");
-            e.reset().expect("reset");
-        }
-        let mut next = 0;
-        for &t in prompt {
-            next = e.step(t).expect("prompt");
-        }
-        let mut out = vec![next];
-        while out.len() < n {
-            next = e.step(next).expect("decode");
-            out.push(next);
-        }
-        out
-    };
-    let greedy = decode(&mut e, false, 32);
+    let greedy = decode(&mut e, prompt, 32, false);
     e.set_sampling(Some(SampleParams { temperature: 1.0, top_p: 1e-6, seed: 5 })).expect("sampler");
-    assert_eq!(decode(&mut e, false, 32), greedy, "top-p near 0 is greedy");
+    assert_eq!(decode(&mut e, prompt, 32, false), greedy, "top-p near 0 is greedy");
     e.set_sampling(Some(SampleParams { temperature: 1.0, top_p: 0.9, seed: 5 })).expect("sampler");
-    let eager = decode(&mut e, false, 64);
-    let graph = decode(&mut e, true, 64);
+    let eager = decode(&mut e, prompt, 64, false);
+    let graph = decode(&mut e, prompt, 64, true);
     assert_eq!(eager, graph, "graph and eager draws");
     e.set_sampling(Some(SampleParams { temperature: 1.0, top_p: 0.9, seed: 6 })).expect("sampler");
-    let other = decode(&mut e, false, 64);
+    let other = decode(&mut e, prompt, 64, false);
     assert_ne!(other, eager, "another seed draws other tokens");
     assert_ne!(eager, greedy[..].iter().copied().chain(std::iter::repeat(0)).take(64).collect::<Vec<_>>());
     println!("sampled: {:?}", &eager[..16]);
