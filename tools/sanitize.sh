@@ -118,6 +118,14 @@ if [ -n "$root" ] && [ ! -e "$root" ]; then
   mkdir -p "$(dirname "$root")" && ln -s "$(pwd)" "$root"
 fi
 
+# A test that runs a workspace binary finds it at its build path (env!("CARGO_BIN_EXE_<name>"),
+# target/release/<name>): point that at the bundled one.
+for b in .gpu/bin/*; do
+  [ -x "$b" ] || continue
+  [ -e "target/release/$(basename "$b")" ] && continue
+  mkdir -p target/release && ln -s "../../$b" "target/release/$(basename "$b")"
+done
+
 wanted() { # $1 = a target's name: whether the PATTERNs select it
   [ ${#patterns[@]} -eq 0 ] && return 0
   local p; for p in "${patterns[@]}"; do [[ "$1" == *"$p"* ]] && return 0; done; return 1

@@ -94,7 +94,7 @@ pub fn greedy(
     let mut trace = Trace {
         tokens: Vec::with_capacity(if keep_tokens { new_tokens } else { 0 }),
         token_digest: 0xcbf2_9ce4_8422_2325,
-        logits: Vec::with_capacity(if logits_every > 0 { total / logits_every + 1 } else { 0 }),
+        logits: Vec::with_capacity(total.checked_div(logits_every).map_or(0, |n| n + 1)),
         ..Trace::default()
     };
     let start = Instant::now();
