@@ -201,9 +201,10 @@ fn parity(e: &mut Engine, req: Request<'_>) -> Result<(serde_json::Value, bool)>
     let logits = first_mismatch(&eager.logits, &graph.logits);
     match tokens {
         None => println!("tokens: identical over {} new tokens", eager.tokens.len()),
-        Some(Mismatch { index, first, second }) => {
-            println!("tokens: FIRST MISMATCH at new token {index}: eager {first:?}, graph {second:?}")
-        }
+        Some(Mismatch { index, first, second }) => println!(
+            "tokens: FIRST MISMATCH at new token {index} (the output of step {}): eager {first:?}, graph {second:?}",
+            req.prompt.len() - 1 + index
+        ),
     }
     match logits {
         None => println!("logits: identical at all {} steps compared", eager.logits.len()),
@@ -216,7 +217,9 @@ fn parity(e: &mut Engine, req: Request<'_>) -> Result<(serde_json::Value, bool)>
     let fields = json!({
         "new_tokens": eager.tokens.len(), "steps": eager.steps, "logits_compared": eager.logits.len(),
         "tokens_identical": tokens.is_none(),
-        "first_token_mismatch": tokens.map(|m| json!({"index": m.index, "eager": m.first, "graph": m.second})),
+        "first_token_mismatch": tokens.map(|m| json!({
+            "index": m.index, "step": req.prompt.len() - 1 + m.index, "eager": m.first, "graph": m.second,
+        })),
         "logits_identical": logits.is_none(),
         "first_logits_mismatch_step": logits.map(|m| m.first.or(m.second).map_or(0, |(s, _)| s)),
         "eager_s": eager.seconds, "graph_s": graph.seconds,
