@@ -4,34 +4,41 @@
 //! the check passed, 1 when it failed (a mismatch, memory growth), 2 when the run could not be made
 //! (no CUDA device, a bad option, an engine error).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use engine::cuda::Gpu;
 use engine::model::config::ModelConfig;
+use engine::model::weights::ModelWeights;
 use engine::step::{Engine, Formats, ModelOnDevice, StepPlan};
 use safetensors::SafeTensors;
 use serde_json::json;
-use tools::decode::model::ModelSource;
 use tools::longrun::decode::{self, Mode, Request, Trace, greedy, steps_for};
 use tools::longrun::memory::{self, Limits, Sample};
 use tools::longrun::{Mismatch, emit, first_mismatch, sparse_positions, synthetic_prompt};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// The goldens of the embedded tiny model: the prompt comes from them.
-static TINY_GOLDENS: &[u8] = include_bytes!("../../../tests/data/tiny-step/goldens.safetensors");
+/// tests/data/tiny-step where this binary was built.
+const TINY_AT_BUILD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tiny-step");
 
 /// Long runs of the GPU decode step: graph replay against eager launches over thousands of greedy
-/// tokens, on the tiny model (tests/data/tiny-step, embedded) and on the published geometry with
-/// random weights made on the device; memory over a 100,000-token sequence; one step for the
-/// sanitizers. Needs a CUDA device.
+/// tokens, on the tiny model (tests/data/tiny-step) and on the published geometry with random
+/// weights made on the device; memory over a 100,000-token sequence; one step for the sanitizers.
+/// Needs a CUDA device.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about, name = "longrun")]
 struct Cli {
     #[command(subcommand)]
     mode: Command,
+
+    /// The tiny model's directory (config.json, model.safetensors, goldens.safetensors). Default:
+    /// tests/data/tiny-step of the checkout this binary was built in, else of the working
+    /// directory (the repository root of a copy).
+    #[arg(long, global = true, value_name = "DIR")]
+    tiny: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -121,11 +128,26 @@ fn tiny_formats(nvfp4: bool) -> Formats {
     if nvfp4 { Formats { gdn_in_proj: false, ..Formats::NVFP4 } } else { Formats::BF16 }
 }
 
-/// The embedded tiny model on the device with caches for `context` tokens.
-fn tiny_engine(gpu: Gpu, formats: Formats, context: usize) -> Result<(Engine, ModelConfig)> {
-    let source = ModelSource::Embedded;
-    let cfg = source.config().map_err(|e| e.to_string())?;
-    let weights = source.load_weights(&cfg).map_err(|e| e.to_string())?;
+/// The tiny model's directory: `arg`, else where the binary was built, else under the working
+/// directory.
+fn tiny_dir(arg: Option<&Path>) -> Result<PathBuf> {
+    if let Some(d) = arg {
+        return Ok(d.to_owned());
+    }
+    let candidates = [PathBuf::from(TINY_AT_BUILD), PathBuf::from("tests/data/tiny-step")];
+    candidates.iter().find(|d| d.join("model.safetensors").is_file()).cloned().ok_or_else(|| {
+        format!(
+            "the tiny model is neither at {TINY_AT_BUILD} nor in tests/data/tiny-step under the working directory: run \
+             from the repository root, or give --tiny DIR"
+        )
+        .into()
+    })
+}
+
+/// The tiny model in `dir` on the device with caches for `context` tokens.
+fn tiny_engine(gpu: Gpu, dir: &Path, formats: Formats, context: usize) -> Result<(Engine, ModelConfig)> {
+    let weights = ModelWeights::load_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let cfg = weights.config.clone();
     let plan = StepPlan::new(&cfg, formats, context)?;
     let model = ModelOnDevice::upload(&gpu, &weights, &plan, &mut |_, _| {})?;
     let e = Engine::new(gpu, plan, model)?;
@@ -134,8 +156,10 @@ fn tiny_engine(gpu: Gpu, formats: Formats, context: usize) -> Result<(Engine, Mo
 }
 
 /// The goldens' prompt, and their logits at position 0.
-fn tiny_prompt() -> Result<(Vec<u32>, Vec<f32>)> {
-    let st = SafeTensors::deserialize(TINY_GOLDENS)?;
+fn tiny_prompt(dir: &Path) -> Result<(Vec<u32>, Vec<f32>)> {
+    let path = dir.join("goldens.safetensors");
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let st = SafeTensors::deserialize(&bytes)?;
     let i64s = |name: &str| -> Result<Vec<i64>> {
         let t = st.tensor(name)?;
         Ok(t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
@@ -158,11 +182,11 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     if den > 0.0 { (num / den).sqrt() } else { num.sqrt() }
 }
 
-fn step_once(nvfp4: bool) -> Result<bool> {
+fn step_once(dir: &Path, nvfp4: bool) -> Result<bool> {
     let gpu = open_gpu()?;
     let device = gpu.info().name.clone();
-    let (prompt, want) = tiny_prompt()?;
-    let (mut e, _) = tiny_engine(gpu, tiny_formats(nvfp4), 64)?;
+    let (prompt, want) = tiny_prompt(dir)?;
+    let (mut e, _) = tiny_engine(gpu, dir, tiny_formats(nvfp4), 64)?;
     decode::prepare(&mut e, Mode::Eager, prompt[0])?;
     let eager_token = e.step(prompt[0])?;
     let eager = e.logits()?;
@@ -248,15 +272,15 @@ fn merge(mut a: serde_json::Value, b: serde_json::Value) -> serde_json::Value {
     a
 }
 
-fn tiny_parity(tokens: usize, logits_every: usize, nvfp4: bool) -> Result<bool> {
+fn tiny_parity(dir: &Path, tokens: usize, logits_every: usize, nvfp4: bool) -> Result<bool> {
     if tokens == 0 {
         return Err("--tokens 0: generate at least one token".into());
     }
     let gpu = open_gpu()?;
     let device = gpu.info().name.clone();
-    let (prompt, _) = tiny_prompt()?;
+    let (prompt, _) = tiny_prompt(dir)?;
     let steps = steps_for(prompt.len(), tokens);
-    let (mut e, cfg) = tiny_engine(gpu, tiny_formats(nvfp4), steps)?;
+    let (mut e, cfg) = tiny_engine(gpu, dir, tiny_formats(nvfp4), steps)?;
     let sparse = sparse_positions(steps, cfg.indexer_block, cfg.indexer_top_blocks());
     println!(
         "tiny-parity: prompt {} tokens + {tokens} new = {steps} steps; {sparse} positions past the QSA budget of {} \
@@ -340,15 +364,15 @@ fn print_sample(s: &Sample) {
     );
 }
 
-fn tiny_memory(tokens: usize, every: usize, limits: Limits, eager: bool) -> Result<bool> {
+fn tiny_memory(dir: &Path, tokens: usize, every: usize, limits: Limits, eager: bool) -> Result<bool> {
     if every == 0 || tokens < 2 * every {
         return Err(format!("--tokens {tokens} --every {every}: need every > 0 and at least two samples").into());
     }
     let gpu = open_gpu()?;
     let device = gpu.info().name.clone();
-    let (prompt, _) = tiny_prompt()?;
+    let (prompt, _) = tiny_prompt(dir)?;
     let steps = steps_for(prompt.len(), tokens);
-    let (mut e, _) = tiny_engine(gpu, tiny_formats(false), steps)?;
+    let (mut e, _) = tiny_engine(gpu, dir, tiny_formats(false), steps)?;
     let mode = if eager { Mode::Eager } else { Mode::Graph };
     decode::prepare(&mut e, mode, prompt[0])?;
     // Room for every sample up front: the run itself allocates nothing that lives.
@@ -393,9 +417,12 @@ fn tiny_memory(tokens: usize, every: usize, limits: Limits, eager: bool) -> Resu
 }
 
 fn run(cli: Cli) -> Result<bool> {
+    let tiny = cli.tiny.as_deref();
     match cli.mode {
-        Command::StepOnce { nvfp4 } => step_once(nvfp4),
-        Command::TinyParity { tokens, logits_every, nvfp4 } => tiny_parity(tokens, logits_every, nvfp4),
+        Command::StepOnce { nvfp4 } => step_once(&tiny_dir(tiny)?, nvfp4),
+        Command::TinyParity { tokens, logits_every, nvfp4 } => {
+            tiny_parity(&tiny_dir(tiny)?, tokens, logits_every, nvfp4)
+        }
         Command::SyntheticParity { tokens, prompt_len, seed, logits_every } => {
             synthetic_parity(tokens, prompt_len, seed, logits_every)
         }
@@ -405,7 +432,7 @@ fn run(cli: Cli) -> Result<bool> {
                 device_bytes: device_tolerance_bytes,
                 rss_kb: rss_tolerance_kb,
             };
-            tiny_memory(tokens, every, limits, eager)
+            tiny_memory(&tiny_dir(tiny)?, tokens, every, limits, eager)
         }
     }
 }
