@@ -11,8 +11,10 @@
 #   bash tools/sanitize.sh gpu_moe gpu_gdn  # every tool over the binaries whose names contain these
 #
 # What runs, in this order (each run is one process under one tool, logged whole):
-#   1. the decode step: `.gpu/bin/longrun step-once` (the tiny model, tests/data/tiny-step: one eager
-#      step and one graph replay at position 0) under initcheck, memcheck and racecheck;
+#   1. the decode step: `.gpu/bin/longrun step-once --steps 20` (the tiny model, tests/data/tiny-step:
+#      20 eager steps, then 20 graph replays, teacher-forced over the goldens' tokens; the tiny QSA
+#      layer's top-k selects blocks from position 15) under initcheck, memcheck and racecheck
+#      (SANITIZE_STEPS=1: the single step and replay);
 #   2. memcheck (with the leak check) over every GPU test binary;
 #   3. racecheck over every GPU test binary (--quick: only those whose names contain `gpu_step`,
 #      the whole step's kernels; --racecheck PATS picks others).
@@ -171,7 +173,8 @@ test_args=(--test-threads=1)
 test_args+=("${skips[@]}")
 
 name_of() { [ "$1" = "$step_bin" ] && echo step-once || basename "$1"; }
-args_of() { [ "$1" = "$step_bin" ] && echo "step-once" || echo "${test_args[*]}"; }
+step_args=(step-once --steps "${SANITIZE_STEPS:-20}")
+args_of() { [ "$1" = "$step_bin" ] && echo "${step_args[*]}" || echo "${test_args[*]}"; }
 
 if [ $list = 1 ]; then
   echo "sanitizer: ${sanitizer:-<not found>}; per run timeout ${timeout_s} s; budget ${budget_s} s"
@@ -217,7 +220,7 @@ for p in "${plan[@]}"; do
     fi
     [ $left -lt "$limit" ] && { limit=$left; budget_cut=1; }
   fi
-  if [ "$bin" = "$step_bin" ]; then run_args=(step-once); else run_args=("${test_args[@]}"); fi
+  if [ "$bin" = "$step_bin" ]; then run_args=("${step_args[@]}"); else run_args=("${test_args[@]}"); fi
   # shellcheck disable=SC2046,SC2086
   cmd=("$sanitizer" $(tool_args "$tool") --error-exitcode 1 --print-limit 50 --target-processes all
        ${SANITIZER_ARGS:-} "$bin" "${run_args[@]}")

@@ -44,9 +44,13 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// One eager step and one graph replay of the tiny model at position 0 (the goldens' first
-    /// token): logits bit-identical, and near the transformers goldens. What
-    /// `compute-sanitizer --tool initcheck` runs as "one full decode step" (tools/sanitize.sh).
+    /// token), or --steps of each over the goldens' tokens: logits bit-identical, and at position 0
+    /// near the transformers goldens. What compute-sanitizer runs as "a full decode step"
+    /// (tools/sanitize.sh, with --steps 20: the tiny QSA layer's top-k selects from position 15).
     StepOnce {
+        /// Steps of each kind, teacher-forced over the goldens' tokens (at most 88).
+        #[arg(long, default_value_t = 1)]
+        steps: usize,
         /// NVFP4 experts, mix and lm_head (quantised at load; GDN stays bf16 at hidden 256).
         #[arg(long)]
         nvfp4: bool,
@@ -155,8 +159,21 @@ fn tiny_engine(gpu: Gpu, dir: &Path, formats: Formats, context: usize) -> Result
     Ok((e, cfg))
 }
 
-/// The goldens' prompt, and their logits at position 0.
-fn tiny_prompt(dir: &Path) -> Result<(Vec<u32>, Vec<f32>)> {
+/// The tiny model's goldens: the prompt and its greedy continuation, and the prompt's length.
+struct Goldens {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Teacher-forced logits at position 0.
+    first_logits: Vec<f32>,
+}
+
+impl Goldens {
+    fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.prompt_len]
+    }
+}
+
+fn tiny_goldens(dir: &Path) -> Result<Goldens> {
     let path = dir.join("goldens.safetensors");
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let st = SafeTensors::deserialize(&bytes)?;
@@ -169,7 +186,7 @@ fn tiny_prompt(dir: &Path) -> Result<(Vec<u32>, Vec<f32>)> {
     let logits = st.tensor("logits")?;
     let vocab = logits.shape()[1];
     let first = logits.data()[..4 * vocab].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-    Ok((tokens[..prompt_len].iter().map(|&t| t as u32).collect(), first.collect()))
+    Ok(Goldens { tokens: tokens.iter().map(|&t| t as u32).collect(), prompt_len, first_logits: first.collect() })
 }
 
 fn unix_seconds() -> u64 {
@@ -182,35 +199,45 @@ fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
     if den > 0.0 { (num / den).sqrt() } else { num.sqrt() }
 }
 
-fn step_once(dir: &Path, nvfp4: bool) -> Result<bool> {
+/// `steps` steps teacher-forced over `tokens` from a fresh sequence: each step's token and logits.
+fn forced(e: &mut Engine, tokens: &[u32]) -> Result<Vec<(u32, Vec<f32>)>> {
+    e.reset()?;
+    tokens.iter().map(|&t| Ok((e.step(t)?, e.logits()?))).collect()
+}
+
+fn step_once(dir: &Path, steps: usize, nvfp4: bool) -> Result<bool> {
+    let g = tiny_goldens(dir)?;
+    if steps == 0 || steps > g.tokens.len() {
+        return Err(format!("--steps {steps}: between 1 and the goldens' {} tokens", g.tokens.len()).into());
+    }
     let gpu = open_gpu()?;
     let device = gpu.info().name.clone();
-    let (prompt, want) = tiny_prompt(dir)?;
-    let (mut e, _) = tiny_engine(gpu, dir, tiny_formats(nvfp4), 64)?;
-    decode::prepare(&mut e, Mode::Eager, prompt[0])?;
-    let eager_token = e.step(prompt[0])?;
-    let eager = e.logits()?;
+    let (mut e, _) = tiny_engine(gpu, dir, tiny_formats(nvfp4), steps.max(16))?;
+    let tokens = &g.tokens[..steps];
+    e.release_graph();
+    let eager = forced(&mut e, tokens)?;
+    // The eager steps loaded every module: the capture may follow.
     e.capture()?;
-    e.reset()?;
-    let graph_token = e.step(prompt[0])?;
-    let graph = e.logits()?;
-    let identical = eager.iter().zip(&graph).all(|(a, b)| a.to_bits() == b.to_bits()) && eager_token == graph_token;
-    let finite = eager.iter().all(|v| v.is_finite());
-    let err = rel_l2(&eager, &want);
+    let graph = forced(&mut e, tokens)?;
+    let differ = eager
+        .iter()
+        .zip(&graph)
+        .position(|((ta, la), (tb, lb))| ta != tb || la.iter().zip(lb).any(|(a, b)| a.to_bits() != b.to_bits()));
+    let finite = eager.iter().all(|(_, l)| l.iter().all(|v| v.is_finite()));
+    let err = rel_l2(&eager[0].1, &g.first_logits);
     // The bf16 step is within 1e-2 of transformers (tests/gpu_step.rs); NVFP4 within 0.25.
     let bound = if nvfp4 { 0.25 } else { 0.05 };
-    let ok = identical && finite && err <= bound;
+    let ok = differ.is_none() && finite && err <= bound;
     println!(
-        "step-once: eager token {eager_token}, graph token {graph_token}; logits {} bit for bit, {:.2e} from the \
+        "step-once: {steps} eager steps and {steps} graph replays; tokens and logits {}; position 0 {err:.2e} from the \
          transformers goldens (bound {bound}){}",
-        if identical { "identical" } else { "DIFFERENT" },
-        err,
+        differ.map_or("identical bit for bit".to_owned(), |p| format!("DIFFERENT from position {p}")),
         if finite { "" } else { "; NON-FINITE logits" }
     );
     emit(&json!({
-        "mode": "step-once", "device": device, "unix_s": unix_seconds(), "nvfp4": nvfp4,
-        "eager_token": eager_token, "graph_token": graph_token, "identical": identical, "finite": finite,
-        "rel_l2_goldens": err, "ok": ok,
+        "mode": "step-once", "device": device, "unix_s": unix_seconds(), "nvfp4": nvfp4, "steps": steps,
+        "tokens": eager.iter().map(|(t, _)| t).collect::<Vec<_>>(), "identical": differ.is_none(),
+        "first_difference": differ, "finite": finite, "rel_l2_goldens_position_0": err, "ok": ok,
     }));
     Ok(ok)
 }
@@ -278,7 +305,8 @@ fn tiny_parity(dir: &Path, tokens: usize, logits_every: usize, nvfp4: bool) -> R
     }
     let gpu = open_gpu()?;
     let device = gpu.info().name.clone();
-    let (prompt, _) = tiny_prompt(dir)?;
+    let g = tiny_goldens(dir)?;
+    let prompt = g.prompt();
     let steps = steps_for(prompt.len(), tokens);
     let (mut e, cfg) = tiny_engine(gpu, dir, tiny_formats(nvfp4), steps)?;
     let sparse = sparse_positions(steps, cfg.indexer_block, cfg.indexer_top_blocks());
@@ -288,7 +316,7 @@ fn tiny_parity(dir: &Path, tokens: usize, logits_every: usize, nvfp4: bool) -> R
         prompt.len(),
         cfg.indexer_budget
     );
-    let req = Request { prompt: &prompt, new_tokens: tokens, logits_every, keep_tokens: true };
+    let req = Request { prompt, new_tokens: tokens, logits_every, keep_tokens: true };
     let (fields, ok) = parity(&mut e, req)?;
     emit(&merge(
         json!({
@@ -370,7 +398,8 @@ fn tiny_memory(dir: &Path, tokens: usize, every: usize, limits: Limits, eager: b
     }
     let gpu = open_gpu()?;
     let device = gpu.info().name.clone();
-    let (prompt, _) = tiny_prompt(dir)?;
+    let g = tiny_goldens(dir)?;
+    let prompt = g.prompt();
     let steps = steps_for(prompt.len(), tokens);
     let (mut e, _) = tiny_engine(gpu, dir, tiny_formats(false), steps)?;
     let mode = if eager { Mode::Eager } else { Mode::Graph };
@@ -380,7 +409,7 @@ fn tiny_memory(dir: &Path, tokens: usize, every: usize, limits: Limits, eager: b
     let first = sample(&e, 0, 0.0)?;
     print_sample(&first);
     samples.push(first);
-    let req = Request { prompt: &prompt, new_tokens: tokens, logits_every: 0, keep_tokens: false };
+    let req = Request { prompt, new_tokens: tokens, logits_every: 0, keep_tokens: false };
     let trace = greedy(&mut e, mode, req, &mut |e, generated, seconds| {
         if generated % every == 0 {
             let s = sample(e, generated, seconds)?;
@@ -419,7 +448,7 @@ fn tiny_memory(dir: &Path, tokens: usize, every: usize, limits: Limits, eager: b
 fn run(cli: Cli) -> Result<bool> {
     let tiny = cli.tiny.as_deref();
     match cli.mode {
-        Command::StepOnce { nvfp4 } => step_once(&tiny_dir(tiny)?, nvfp4),
+        Command::StepOnce { steps, nvfp4 } => step_once(&tiny_dir(tiny)?, steps, nvfp4),
         Command::TinyParity { tokens, logits_every, nvfp4 } => {
             tiny_parity(&tiny_dir(tiny)?, tokens, logits_every, nvfp4)
         }
