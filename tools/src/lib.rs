@@ -1,4 +1,5 @@
 //! The tools' shared code: the parts of the decode binary (`src/bin/decode.rs`), kept in a library
-//! so its tests and a later GPU backend reach them.
+//! so its tests and a later GPU backend reach them; and those of the long runs (`src/bin/longrun.rs`).
 
 pub mod decode;
+pub mod longrun;

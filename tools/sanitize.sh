@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# tools/sanitize.sh: compute-sanitizer over every GPU test and one full decode step (issue #11
+# item 3). Fails on any report.
+#
+# Runs on the GPU machine, from the repository root of a copy that holds .gpu/ as
+# ../shared/tools/gpu-bundle lays it out (test binaries in .gpu/tests/, the workspace's binaries,
+# longrun among them, in .gpu/bin/). Here (to build and bundle):
+#   ../shared/tools/gpu-bundle --no-benches
+# There (carry [".gpu"]):
+#   bash tools/sanitize.sh --quick          # what fits one ~10-minute call, see below
+#   bash tools/sanitize.sh gpu_moe gpu_gdn  # every tool over the binaries whose names contain these
+#
+# What runs, in this order (each run is one process under one tool, logged whole):
+#   1. the decode step: `.gpu/bin/longrun step-once --steps 20` (the tiny model, tests/data/tiny-step:
+#      20 eager steps, then 20 graph replays, teacher-forced over the goldens' tokens; the tiny QSA
+#      layer's top-k selects blocks from position 15) under initcheck, memcheck and racecheck
+#      (SANITIZE_STEPS=1: the single step and replay);
+#   2. memcheck (with the leak check) over every GPU test binary;
+#   3. racecheck over every GPU test binary (--quick: only those whose names contain `gpu_step`,
+#      the whole step's kernels; --racecheck PATS picks others).
+# A GPU test binary is one that lists #[ignore]d tests (`<bin> --list --ignored`): in this
+# workspace every ignored test is one that "needs a CUDA device". Only those tests run (`--ignored
+# --test-threads=1`: the CPU tests launch nothing a sanitizer could see); --all-tests runs the CPU
+# tests too (`--include-ignored`).
+#
+# Options
+#   --quick            racecheck only the step target and gpu_step (see 3.)
+#   --tools LIST       comma-separated subset of memcheck,racecheck,initcheck (default: all three)
+#   --racecheck PATS   comma-separated name fragments of the test binaries racecheck runs on, or
+#                      `all` (default: all; with --quick: gpu_step)
+#   --timeout S        the most one run may take (default 300; env SANITIZE_TIMEOUT); a run past it
+#                      is killed and reported TIMED OUT, which fails the script
+#   --budget S         start no run after S seconds in all and cut the last one there, reporting what
+#                      did not run as SKIPPED (default 540, for 10-minute calls; 0: no budget; env
+#                      SANITIZE_BUDGET)
+#   --filter F         a test-name filter passed to every test binary
+#   --skip F           skip tests whose names contain F (repeatable; passed as the harness's --skip)
+#   --all-tests        run the CPU tests of the GPU test binaries too
+#   --no-step          leave out the decode-step target
+#   --no-pdl           FLASHNEXT_NO_PDL=1: every launch serialised (if a tool cannot follow
+#                      programmatic dependent launches; say so in RELIABILITY.md)
+#   --strict           racecheck warnings fail too (errors always do)
+#   --list             print the runs it would make, and exit
+#   PATTERN...         only the binaries whose names contain one of these (`step-once` names the step)
+# Environment: SANITIZER (the compute-sanitizer executable; else PATH, then /usr/local/cuda/bin),
+# SANITIZER_ARGS (more arguments for every run, e.g. "--report-api-errors no"), OUT (where logs and
+# the summary go; default /tmp/out).
+#
+# Output: $OUT/sanitize/<binary>.<tool>.log for each run (the test output and the tool's report),
+# $OUT/sanitize-summary.txt (per binary per tool: OK / N errors / TIMED OUT / test failed / SKIPPED)
+# and the same on stdout. Exit status: 0 every run clean; 1 a report, a failed test or a timeout;
+# 2 clean but incomplete (runs skipped for the budget); 3 nothing could run (no sanitizer, no .gpu/).
+#
+# Runtime: a sanitizer slows kernels 10-100x (racecheck the most: it tracks every shared-memory
+# access, and almost every kernel here stages through shared memory), and instruments each module
+# as it loads; NVRTC compiles run at their normal speed (the kernel cache in
+# ~/.cache/flashnext/kernels helps a second call on a warm machine). Split the work across calls
+# with PATTERNs when one call cannot hold it; --list shows the plan.
+set -uo pipefail
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+orig_args="$*"
+quick=0; tools_csv="memcheck,racecheck,initcheck"; race_pats=""; timeout_s=${SANITIZE_TIMEOUT:-300}
+budget_s=${SANITIZE_BUDGET:-540}; filter=""; skips=(); all_tests=0; with_step=1; strict=0; list=0
+patterns=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1; shift;;
+    --tools) tools_csv="$2"; shift 2;;
+    --racecheck) race_pats="$2"; shift 2;;
+    --timeout) timeout_s="$2"; shift 2;;
+    --budget) budget_s="$2"; shift 2;;
+    --filter) filter="$2"; shift 2;;
+    --skip) skips+=(--skip "$2"); shift 2;;
+    --all-tests) all_tests=1; shift;;
+    --no-step) with_step=0; shift;;
+    --no-pdl) export FLASHNEXT_NO_PDL=1; shift;;
+    --strict) strict=1; shift;;
+    --list) list=1; shift;;
+    -h|--help) usage; exit 0;;
+    -*) echo "sanitize.sh: unknown option $1 (--help lists them)" >&2; exit 3;;
+    *) patterns+=("$1"); shift;;
+  esac
+done
+for t in ${tools_csv//,/ }; do
+  case "$t" in memcheck|racecheck|initcheck) ;; *) echo "sanitize.sh: --tools: unknown tool $t" >&2; exit 3;; esac
+done
+[ -z "$race_pats" ] && { [ $quick = 1 ] && race_pats="gpu_step" || race_pats="all"; }
+has_tool() { [[ ",$tools_csv," == *",$1,"* ]]; }
+
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/sanitize"
+summary="$OUT/sanitize-summary.txt"
+
+if [ ! -d .gpu/tests ]; then
+  echo "sanitize.sh: no .gpu/tests here: run ../shared/tools/gpu-bundle where the code is built, carry .gpu," \
+       "and run this from the repository root of the copy" >&2
+  exit 3
+fi
+
+sanitizer=${SANITIZER:-}
+if [ -z "$sanitizer" ]; then
+  sanitizer=$(command -v compute-sanitizer 2>/dev/null || true)
+  if [ -z "$sanitizer" ]; then
+    for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+             /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+      [ -x "$c" ] && sanitizer="$c"
+    done
+  fi
+fi
+if [ $list = 0 ] && { [ -z "$sanitizer" ] || [ ! -x "$sanitizer" ]; }; then
+  echo "sanitize.sh: compute-sanitizer not found (PATH, /usr/local/cuda*/bin); set SANITIZER=/path/to/it" >&2
+  exit 3
+fi
+
+# The tests find tests/data through their compile-time checkout path: link it to this copy, as
+# .gpu/run.sh does.
+root=$(sed -n 's/^if \[ ! -e "\(.*\)" \]; then mkdir.*/\1/p' .gpu/run.sh 2>/dev/null | head -1)
+if [ -n "$root" ] && [ ! -e "$root" ]; then
+  mkdir -p "$(dirname "$root")" && ln -s "$(pwd)" "$root"
+fi
+
+# A test that runs a workspace binary finds it at its build path (env!("CARGO_BIN_EXE_<name>"),
+# target/release/<name>): point that at the bundled one.
+for b in .gpu/bin/*; do
+  [ -x "$b" ] || continue
+  [ -e "target/release/$(basename "$b")" ] && continue
+  mkdir -p target/release && ln -s "../../$b" "target/release/$(basename "$b")"
+done
+
+wanted() { # $1 = a target's name: whether the PATTERNs select it
+  [ ${#patterns[@]} -eq 0 ] && return 0
+  local p; for p in "${patterns[@]}"; do [[ "$1" == *"$p"* ]] && return 0; done; return 1
+}
+race_wanted() {
+  [ "$race_pats" = all ] && return 0
+  local p; for p in ${race_pats//,/ }; do [[ "$1" == *"$p"* ]] && return 0; done; return 1
+}
+
+# The GPU test binaries.
+gpu_bins=()
+for t in .gpu/tests/*; do
+  [ -x "$t" ] && [ -f "$t" ] || continue
+  n=$(basename "$t")
+  wanted "$n" || continue
+  "$t" --list --ignored 2>/dev/null | grep -q ': test$' && gpu_bins+=("$t")
+done
+step_bin=.gpu/bin/longrun
+step_ok=0
+if [ $with_step = 1 ] && wanted step-once; then
+  if [ -x "$step_bin" ]; then step_ok=1
+  else echo "sanitize.sh: $step_bin is missing (gpu-bundle without --no-bins builds it): the step target is left out" >&2
+  fi
+fi
+
+# The plan: lines of "tool<TAB>path".
+plan=()
+if [ $step_ok = 1 ]; then
+  for tool in initcheck memcheck racecheck; do has_tool $tool && plan+=("$tool	$step_bin"); done
+fi
+if has_tool memcheck; then for t in "${gpu_bins[@]}"; do plan+=("memcheck	$t"); done; fi
+if has_tool racecheck; then
+  for t in "${gpu_bins[@]}"; do race_wanted "$(basename "$t")" && plan+=("racecheck	$t"); done
+fi
+if [ ${#plan[@]} -eq 0 ]; then
+  echo "sanitize.sh: nothing to run (no GPU test binary or step target selected)" >&2
+  exit 3
+fi
+
+test_args=(--test-threads=1)
+[ $all_tests = 1 ] && test_args=(--include-ignored "${test_args[@]}") || test_args=(--ignored "${test_args[@]}")
+[ -n "$filter" ] && test_args+=("$filter")
+test_args+=("${skips[@]}")
+
+name_of() { [ "$1" = "$step_bin" ] && echo step-once || basename "$1"; }
+step_args=(step-once --steps "${SANITIZE_STEPS:-20}")
+args_of() { [ "$1" = "$step_bin" ] && echo "${step_args[*]}" || echo "${test_args[*]}"; }
+
+if [ $list = 1 ]; then
+  echo "sanitizer: ${sanitizer:-<not found>}; per run timeout ${timeout_s} s; budget ${budget_s} s"
+  for p in "${plan[@]}"; do
+    tool=${p%%	*}; bin=${p#*	}
+    echo "  $tool  $bin $(args_of "$bin")"
+  done
+  exit 0
+fi
+
+tool_args() { # $1 = tool
+  case "$1" in
+    memcheck) echo "--tool memcheck --leak-check full";;
+    racecheck) echo "--tool racecheck";;
+    initcheck) echo "--tool initcheck";;
+  esac
+}
+
+{
+  echo "compute-sanitizer over the GPU tests and one decode step (tools/sanitize.sh)"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "sanitizer: $sanitizer ($("$sanitizer" --version 2>/dev/null | grep -iE 'version' | head -1))"
+  echo "arguments: ${orig_args:-(none)}; tools $tools_csv, racecheck on: $race_pats; timeout ${timeout_s} s a run," \
+       "budget ${budget_s} s; test arguments: ${test_args[*]}${FLASHNEXT_NO_PDL:+; FLASHNEXT_NO_PDL=1}" \
+       "${SANITIZER_ARGS:+; SANITIZER_ARGS=$SANITIZER_ARGS}"
+  echo
+  printf '%-40s %-10s %8s  %s\n' binary tool seconds result
+} > "$summary"
+cat "$summary"
+
+start=$(date +%s)
+fails=0; skipped=0; cut=0
+for p in "${plan[@]}"; do
+  tool=${p%%	*}; bin=${p#*	}; name=$(name_of "$bin")
+  log="$OUT/sanitize/$name.$tool.log"
+  limit=$timeout_s; budget_cut=0
+  if [ "$budget_s" -gt 0 ]; then
+    left=$(( budget_s - ($(date +%s) - start) ))
+    if [ $left -lt 30 ]; then
+      printf '%-40s %-10s %8s  %s\n' "$name" "$tool" - "SKIPPED (budget of ${budget_s} s spent)" | tee -a "$summary"
+      skipped=$((skipped + 1)); continue
+    fi
+    [ $left -lt "$limit" ] && { limit=$left; budget_cut=1; }
+  fi
+  if [ "$bin" = "$step_bin" ]; then run_args=("${step_args[@]}"); else run_args=("${test_args[@]}"); fi
+  # shellcheck disable=SC2046,SC2086
+  cmd=("$sanitizer" $(tool_args "$tool") --error-exitcode 1 --print-limit 50 --target-processes all
+       ${SANITIZER_ARGS:-} "$bin" "${run_args[@]}")
+  echo "\$ ${cmd[*]}" > "$log"
+  t0=$(date +%s)
+  timeout -k 30 "$limit" "${cmd[@]}" >> "$log" 2>&1; rc=$?
+  secs=$(( $(date +%s) - t0 ))
+
+  # Every process's summary (a test may start others: --target-processes all follows them).
+  errors=$(grep -aoE 'ERROR SUMMARY: [0-9]+ errors?' "$log" | awk '{s += $3} END {print s + 0}')
+  summaries=$(grep -acE 'ERROR SUMMARY: [0-9]+' "$log")
+  race=$(grep -aoE 'RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ errors?, [0-9]+ warnings?\)' "$log")
+  race_errors=$(echo "$race" | grep -oE '\([0-9]+ error' | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}')
+  race_warnings=$(echo "$race" | grep -oE '[0-9]+ warnings?' | awk '{s += $1} END {print s + 0}')
+  [ "$race_errors" -gt "$errors" ] && errors=$race_errors
+  [ -n "$race" ] && summaries=$((summaries + 1))
+  first=$(grep -a '^========= [A-Za-z]' "$log" | grep -avE 'COMPUTE-SANITIZER|SUMMARY|^========= +(at|by|Host|Device|Saved) ' \
+          | head -1 | sed 's/^========= //' | cut -c1-140)
+  tests=$(grep -aE '^test result:' "$log" | tail -1 | sed -E 's/^test result: //; s/; finished in.*//')
+
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    if [ $budget_cut = 1 ]; then result="CUT at the budget after ${secs} s (incomplete)"; cut=$((cut + 1))
+    else result="TIMED OUT after ${secs} s"; fails=$((fails + 1)); fi
+    [ "$errors" -gt 0 ] && { result="$result, $errors errors before it: $first"; fails=$((fails + 1)); }
+  elif [ "$errors" -gt 0 ]; then
+    result="$errors errors: $first"; fails=$((fails + 1))
+  elif [ $rc -ne 0 ]; then
+    result="test failed (rc=$rc)${tests:+: $tests}"; fails=$((fails + 1))
+  elif [ "$summaries" -eq 0 ]; then
+    result="NO SANITIZER SUMMARY in the log (did the tool attach?)"; fails=$((fails + 1))
+  elif [ "$race_warnings" -gt 0 ] && [ $strict = 1 ]; then
+    result="$race_warnings racecheck warnings (--strict)"; fails=$((fails + 1))
+  else
+    result="OK${tests:+ ($tests)}"
+    [ "$race_warnings" -gt 0 ] && result="$result, $race_warnings racecheck warnings"
+  fi
+  printf '%-40s %-10s %8s  %s\n' "$name" "$tool" "$secs" "$result" | tee -a "$summary"
+done
+
+total=$(( $(date +%s) - start ))
+{
+  echo
+  if [ $fails -gt 0 ]; then echo "FAILED: $fails of ${#plan[@]} runs reported or failed (logs: $OUT/sanitize/), ${total} s"
+  elif [ $((skipped + cut)) -gt 0 ]; then echo "INCOMPLETE: clean so far, $skipped runs skipped and $cut cut at the budget, ${total} s"
+  else echo "OK: ${#plan[@]} runs, no report, ${total} s"; fi
+} | tee -a "$summary"
+[ $fails -gt 0 ] && exit 1
+[ $((skipped + cut)) -gt 0 ] && exit 2
+exit 0

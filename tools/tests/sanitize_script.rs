@@ -1,0 +1,137 @@
+//! tools/sanitize.sh against a stand-in for compute-sanitizer and for the bundled binaries (no GPU
+//! needed): it picks the GPU test binaries by their ignored tests, runs each tool it was asked for,
+//! reads the tools' summaries (errors, racecheck hazards, no summary at all), tells failed tests
+//! and timeouts apart, and exits non-zero on any of them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/sanitize.sh");
+
+/// A stand-in test binary: lists one ignored test when `gpu`, passes or fails when run.
+fn test_binary(gpu: bool, rc: i32) -> String {
+    format!(
+        "#!/bin/bash\nif [ \"$1\" = --list ]; then {} exit 0; fi\necho 'test a_gpu_test ... ok'\n\
+         echo 'test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out; finished in 0.5s'\nexit {rc}\n",
+        if gpu { "echo 'a_gpu_test: test';" } else { "" }
+    )
+}
+
+/// compute-sanitizer's stand-in: runs the program, then prints the summary the tool would for the
+/// binaries the cases name.
+const SANITIZER: &str = r#"#!/bin/bash
+[ "$1" = --version ] && { echo "Version 2099.1"; exit 0; }
+tool=memcheck; while [ $# -gt 0 ] && [[ "$1" != .gpu/* ]]; do [ "$1" = --tool ] && tool=$2; shift; done
+echo "========= COMPUTE-SANITIZER"
+"$@"; rc=$?
+case "$tool:$1" in
+  memcheck:*gpu_oob) echo "========= Invalid __global__ read of size 4 bytes"; echo "=========     at k+0x10";
+                     echo "========= ERROR SUMMARY: 2 errors"; exit 1;;
+  racecheck:*gpu_race) echo "========= Error: Race reported between Write access and Read access";
+                       echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; exit 1;;
+  racecheck:*gpu_step) echo "========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)";;
+  *:*gpu_silent) ;;
+  *) echo "========= ERROR SUMMARY: 0 errors";;
+esac
+exit $rc
+"#;
+
+fn write_exe(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+/// A copy's root with .gpu/ holding the named test binaries ((name, gpu, rc)) and longrun.
+fn bundle(tag: &str, tests: &[(&str, bool, i32)], step_sleeps: bool) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flashnext-sanitize-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join(".gpu/tests")).expect("mkdir");
+    std::fs::create_dir_all(dir.join(".gpu/bin")).expect("mkdir");
+    std::fs::create_dir_all(dir.join("out")).expect("mkdir");
+    for &(name, gpu, rc) in tests {
+        write_exe(&dir.join(".gpu/tests").join(format!("flashnext--test--{name}")), &test_binary(gpu, rc));
+    }
+    let step = if step_sleeps { "sleep 3" } else { "echo step-once: ok" };
+    write_exe(&dir.join(".gpu/bin/longrun"), &format!("#!/bin/bash\n{step}\n"));
+    write_exe(&dir.join("fake-sanitizer"), SANITIZER);
+    dir
+}
+
+/// Runs the script in `dir`: (exit status, summary).
+fn sanitize(dir: &Path, args: &[&str]) -> (i32, String) {
+    let _ = std::fs::remove_file(dir.join("out/sanitize-summary.txt"));
+    let out = Command::new("bash")
+        .arg(SCRIPT)
+        .args(args)
+        .current_dir(dir)
+        .env("OUT", dir.join("out"))
+        .env("SANITIZER", dir.join("fake-sanitizer"))
+        .output()
+        .expect("bash runs");
+    let summary = std::fs::read_to_string(dir.join("out/sanitize-summary.txt")).unwrap_or_default();
+    println!("{}{}\n{summary}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), summary)
+}
+
+fn line<'a>(summary: &'a str, binary: &str, tool: &str) -> &'a str {
+    summary
+        .lines()
+        .find(|l| {
+            let mut w = l.split_whitespace();
+            w.next().is_some_and(|b| b.ends_with(binary)) && w.next() == Some(tool)
+        })
+        .unwrap_or_else(|| panic!("no line for {binary} {tool} in\n{summary}"))
+}
+
+#[test]
+fn clean_runs_pass_and_cpu_binaries_are_left_out() {
+    let dir = bundle("clean", &[("gpu_step", true, 0), ("generated", false, 0)], false);
+    let (rc, summary) = sanitize(&dir, &["--quick"]);
+    assert_eq!(rc, 0, "{summary}");
+    for tool in ["initcheck", "memcheck", "racecheck"] {
+        assert!(line(&summary, "step-once", tool).contains("OK"));
+    }
+    assert!(line(&summary, "gpu_step", "memcheck").contains("OK (ok. 1 passed"));
+    // A racecheck warning is shown, and fails only with --strict.
+    assert!(line(&summary, "gpu_step", "racecheck").contains("1 racecheck warnings"));
+    assert!(!summary.contains("generated"), "a binary without GPU tests is not sanitized");
+    assert!(summary.contains("OK: 5 runs"));
+    let (rc, _) = sanitize(&dir, &["--quick", "--strict", "gpu_step"]);
+    assert_eq!(rc, 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn reports_failed_tests_and_missing_summaries_fail() {
+    let tests = [("gpu_oob", true, 0), ("gpu_race", true, 0), ("gpu_fails", true, 101), ("gpu_silent", true, 0)];
+    let dir = bundle("reports", &tests, false);
+    let (rc, summary) = sanitize(&dir, &["--no-step"]);
+    assert_eq!(rc, 1, "{summary}");
+    assert!(line(&summary, "gpu_oob", "memcheck").contains("2 errors: Invalid __global__ read"));
+    assert!(line(&summary, "gpu_oob", "racecheck").contains("OK"));
+    assert!(line(&summary, "gpu_race", "racecheck").contains("1 errors: Error: Race reported"));
+    assert!(line(&summary, "gpu_fails", "memcheck").contains("test failed (rc=101)"));
+    assert!(line(&summary, "gpu_silent", "memcheck").contains("NO SANITIZER SUMMARY"));
+    assert!(summary.contains("FAILED: 6 of 8 runs"));
+    // --quick races only gpu_step (absent here), --tools racecheck leaves memcheck out: nothing to run.
+    let (rc, _) = sanitize(&dir, &["--quick", "--tools", "racecheck", "--no-step"]);
+    assert_eq!(rc, 3);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn timeouts_fail_and_the_budget_leaves_runs_skipped() {
+    let dir = bundle("time", &[("gpu_step", true, 0)], true);
+    let (rc, summary) = sanitize(&dir, &["--tools", "initcheck", "--timeout", "2", "--budget", "0"]);
+    assert_eq!(rc, 1, "{summary}");
+    assert!(line(&summary, "step-once", "initcheck").contains("TIMED OUT"));
+    // A budget of 32 s: the first run (3 s) passes, then less than 30 s are left: the rest are
+    // skipped, and a clean but incomplete run exits 2.
+    let (rc, summary) = sanitize(&dir, &["--quick", "--budget", "32"]);
+    assert_eq!(rc, 2, "{summary}");
+    assert!(line(&summary, "step-once", "initcheck").contains("OK"));
+    assert!(line(&summary, "gpu_step", "memcheck").contains("SKIPPED"));
+    assert!(summary.contains("INCOMPLETE"));
+    let _ = std::fs::remove_dir_all(dir);
+}
