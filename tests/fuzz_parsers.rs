@@ -221,6 +221,9 @@ fn config_corpus() -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// A tensor to write: name, dtype, shape, bytes.
+type Tensor<'a> = (&'a str, Dtype, Vec<usize>, &'a [u8]);
+
 /// Small safetensors files of every dtype the loaders meet, named as checkpoints name them.
 fn small_files() -> Vec<Vec<u8>> {
     let f32s: Vec<u8> = (0..16).flat_map(|i| (i as f32 * 0.25).to_le_bytes()).collect();
@@ -228,7 +231,7 @@ fn small_files() -> Vec<Vec<u8>> {
     let i64s: Vec<u8> = (0..4i64).flat_map(|i| (i * 1_000_003).to_le_bytes()).collect();
     let bytes16: Vec<u8> = (0..16u8).collect();
     let one: Vec<u8> = 0.5f32.to_le_bytes().to_vec();
-    let files: Vec<Vec<(&str, Dtype, Vec<usize>, &[u8])>> = vec![
+    let files: Vec<Vec<Tensor<'_>>> = vec![
         vec![("model.language_model.norm.weight", Dtype::F32, vec![16], &f32s)],
         vec![
             ("model.layers.0.mlp.gate.weight", Dtype::BF16, vec![4, 4], &bf16s),
