@@ -313,8 +313,8 @@ fn engine_refuses_a_token_past_the_vocabulary() {
 }
 
 /// A sequence past the context the engine was loaded for (the QSA caches' capacity) is refused
-/// at the first position past it, naming both numbers; the state is untouched, so a reset
-/// decodes the same tokens as a fresh engine. (The decode binary refuses a prompt past
+/// at the first position past it, naming both numbers; nothing runs (the position and the last
+/// logits stay), and after a reset the engine decodes the same tokens again. (The decode binary refuses a prompt past
 /// `--context` before loading: tools/tests/decode.rs `a_prompt_longer_than_the_context_is_refused`.)
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -328,6 +328,7 @@ fn engine_refuses_a_position_past_its_context() {
     for &t in &tokens {
         first.push(e.step(t).expect("within the capacity"));
     }
+    let last = e.logits().expect("logits");
     let err = e.step(1).expect_err("past the caches");
     assert!(
         matches!(err, engine::Error::ContextTooLong { needed, capacity: c } if needed == capacity + 1 && c == capacity)
@@ -335,6 +336,7 @@ fn engine_refuses_a_position_past_its_context() {
     let shown = err.to_string();
     assert!(shown.contains(&format!("sized for {capacity} at load")), "{shown}");
     assert_eq!(e.position(), capacity, "the refused token does not advance the sequence");
+    assert_eq!(e.logits().expect("logits"), last, "the refused token runs nothing");
     e.reset().expect("reset");
     let again: Vec<u32> = tokens.iter().map(|&t| e.step(t).expect("within the capacity")).collect();
     assert_eq!(again, first, "after the refusal and a reset the engine decodes as before");
