@@ -657,6 +657,11 @@ mod tests {
             ),
             ("hidden_size", serde_json::json!("64"), "`hidden_size` must be a non-negative integer"),
             ("eos_token_id", serde_json::json!(1000), "not below vocab_size"),
+            // Sizes the engine can address (found by fuzzing: their products overflowed).
+            ("hidden_size", serde_json::json!(1u64 << 32), "`hidden_size` is 4294967296: sizes above 2147483647"),
+            ("num_experts", serde_json::json!(2_000_000_000), "parameters, more than the"),
+            ("num_hidden_layers", serde_json::json!(100_000), "num_hidden_layers 100000 is above the 65536"),
+            ("vocab_size", serde_json::json!(0), "vocab_size must be positive"),
         ];
         for (key, value, want) in cases {
             let mut v = tiny();
