@@ -249,6 +249,44 @@ fn damaged(name: &str, change: impl Fn(&str, &[usize]) -> Option<Vec<usize>>) ->
     dir
 }
 
+/// The binary run with `args` must fail, before loading anything, with `want` in its message and
+/// no panic; returns stderr.
+fn refused(args: &[&str], want: &str) -> String {
+    let out = decode(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "decode {args:?} succeeded");
+    assert!(stderr.contains(want), "decode {args:?}: stderr lacks `{want}`:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "decode {args:?} panicked:\n{stderr}");
+    assert!(!stderr.contains("loaded "), "decode {args:?} loaded the weights before refusing:\n{stderr}");
+    stderr
+}
+
+/// A prompt (with the tokens to generate) longer than `--context`, and ids to score past it, are
+/// refused before the weights are read, naming the counts (the engine's own refusal at the step:
+/// tests/bad_inputs.rs `engine_refuses_a_position_past_its_context`).
+#[test]
+fn a_prompt_longer_than_the_context_is_refused() {
+    refused(
+        &["--prompt-ids", "1,2,3", "--max-new-tokens", "10", "--context", "12"],
+        "the prompt (3 tokens) and --max-new-tokens 10 make 13 tokens, more than --context 12",
+    );
+    refused(&["--prompt-ids", "1,2,3,4,5", "--max-new-tokens", "0", "--context", "4"], "more than --context 4");
+    refused(
+        &["--score", "1,2,3", "--out", "/tmp/unused.safetensors", "--context", "2"],
+        "3 ids do not fit --context 2",
+    );
+}
+
+/// A prompt id ≥ the vocabulary is refused before the weights are read, naming the id and where
+/// it is (the CPU reference and the engine: tests/bad_inputs.rs `token_id_past_the_vocabulary`,
+/// `engine_refuses_a_token_past_the_vocabulary`).
+#[test]
+fn a_token_id_past_the_vocabulary_is_refused() {
+    refused(&["--prompt-ids", "1,512"], "token id 512 (at index 1) is out of range");
+    refused(&["--prompt-ids", "4294967295"], "out of range");
+    refused(&["--score", "3,600", "--out", "/tmp/unused.safetensors"], "token id 600");
+}
+
 #[test]
 fn bad_inputs_fail_early_and_name_the_problem() {
     let empty = scratch("empty");
@@ -267,24 +305,11 @@ fn bad_inputs_fail_early_and_name_the_problem() {
         (vec!["--model".into(), p(&no_weights)], "no model.safetensors"),
         (vec!["--model".into(), p(&missing)], "tensor `lm_head.weight` is missing"),
         (vec!["--model".into(), p(&misshapen)], "has shape [512, 2], expected [1024]"),
-        (vec!["--prompt-ids".into(), "1,512".into()], "token id 512 (at index 1) is out of range"),
         (vec!["--prompt-ids".into(), "1,x".into()], "`x` is not a token id"),
-        (vec!["--score".into(), "3,600".into(), "--out".into(), "/tmp/unused.safetensors".into()], "token id 600"),
         (vec!["--score".into(), "3,4".into()], "--score needs --out"),
         (
             vec!["--score".into(), "/nonexistent/ids.txt".into(), "--out".into(), "x".into()],
             "neither a file nor a list",
-        ),
-        (
-            vec![
-                "--prompt-ids".into(),
-                "1,2,3".into(),
-                "--max-new-tokens".into(),
-                "10".into(),
-                "--context".into(),
-                "12".into(),
-            ],
-            "more than --context 12",
         ),
         (vec!["--synthetic".into()], "GPU backend only"),
         (vec!["--temperature".into(), "-1".into()], "--temperature -1"),

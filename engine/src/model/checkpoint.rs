@@ -2,8 +2,9 @@
 //! listed by `model.safetensors.index.json`. Headers are validated when opened (a truncated file or
 //! a bad header is an error naming the file); tensors are read on demand, by name.
 //!
-//! A checkpoint can also be one safetensors file already in memory ([`Checkpoint::from_static`]):
-//! the decode binary's embedded default model.
+//! A checkpoint can also be one safetensors file already in memory: the decode binary's embedded
+//! default model ([`Checkpoint::from_static`]), or bytes the caller owns ([`Checkpoint::from_bytes`],
+//! which the parsers' fuzz targets feed).
 //!
 //! Names are normalised to the text model's: the vision-language checkpoint's
 //! `model.language_model.` prefix becomes `model.`, and the vision tower (`model.visual.*`) and
@@ -93,10 +94,11 @@ struct Entry {
     end: usize,
 }
 
-/// The bytes of one safetensors file: mapped from disk, or in the program's image.
+/// The bytes of one safetensors file: mapped from disk, in the program's image, or owned.
 enum FileBytes {
     Mapped(Mmap),
     Static(&'static [u8]),
+    Owned(Vec<u8>),
 }
 
 impl std::ops::Deref for FileBytes {
@@ -106,6 +108,7 @@ impl std::ops::Deref for FileBytes {
         match self {
             FileBytes::Mapped(m) => m,
             FileBytes::Static(b) => b,
+            FileBytes::Owned(b) => b,
         }
     }
 }
@@ -189,6 +192,15 @@ impl Checkpoint {
         let mut entries = HashMap::new();
         index_file(0, &path, bytes, &mut entries)?;
         Ok(Checkpoint { dir: path.clone(), files: vec![(path, FileBytes::Static(bytes))], entries })
+    }
+
+    /// One safetensors file's bytes, owned by the checkpoint, named `name` in error messages;
+    /// validated like a file on disk.
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Checkpoint, CheckpointError> {
+        let path = PathBuf::from(name);
+        let mut entries = HashMap::new();
+        index_file(0, &path, &bytes, &mut entries)?;
+        Ok(Checkpoint { dir: path.clone(), files: vec![(path, FileBytes::Owned(bytes))], entries })
     }
 
     pub fn dir(&self) -> &Path {

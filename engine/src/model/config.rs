@@ -78,6 +78,17 @@ pub struct ModelConfig {
     pub split_ngram_parts: usize,
 }
 
+/// The largest size a config may give (a dimension, a count of heads, layers or experts): the
+/// kernels index in 32 bits.
+pub const MAX_SIZE: usize = (1 << 31) - 1;
+
+/// The most layers a model may have (the layer list is made before the other sizes are checked).
+pub const MAX_LAYERS: usize = 1 << 16;
+
+/// The most parameters a model may have: 2⁴⁴ (17.6 T, 500× the published model), far below what
+/// would overflow the byte counts the loaders and the plan form.
+pub const MAX_PARAMETERS: u64 = 1 << 44;
+
 /// What is wrong with a configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -191,6 +202,9 @@ impl ModelConfig {
         let num_heads = f.usize("num_attention_heads", Some(16))?;
         if hidden_size == 0 || num_layers == 0 || num_heads == 0 {
             return bad("hidden_size, num_hidden_layers and num_attention_heads must be positive");
+        }
+        if num_layers > MAX_LAYERS {
+            return bad(format!("num_hidden_layers {num_layers} is above the {MAX_LAYERS} this engine supports"));
         }
         let head_dim = f.usize("head_dim", Some(hidden_size / num_heads))?;
         let hidden_act = f.string("hidden_act", "silu")?;
@@ -342,6 +356,7 @@ impl ModelConfig {
 
     /// The reference's `validate_architecture`, plus what building the layers would reject.
     fn validate(&self, ple_ids: &[usize], indexer: &[(&str, Option<usize>); 5]) -> Result<(), ConfigError> {
+        self.check_sizes()?;
         if self.hc_streams <= 1 {
             return bad(format!("Qwen4-Exp requires hc_count > 1, found {}", self.hc_streams));
         }
@@ -436,6 +451,80 @@ impl ModelConfig {
             return bad(format!("eos_token_id {eos} is not below vocab_size {}", self.vocab_size));
         }
         Ok(())
+    }
+
+    /// Sizes the engine can address (not a rule of the reference, which would run out of memory
+    /// instead): every size below 2³¹ (the kernels index in 32 bits) and the model's weights
+    /// below [`MAX_PARAMETERS`], so that no product of sizes the loaders and the plan form
+    /// overflows. A fuzzed or mistyped config is refused here, by name, instead of panicking on
+    /// an overflow later.
+    fn check_sizes(&self) -> Result<(), ConfigError> {
+        let sizes = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("indexer_n_heads", self.indexer_heads),
+            ("indexer_head_dim", self.indexer_head_dim),
+            ("indexer_budget", self.indexer_budget),
+            ("indexer_compress_ratio", self.indexer_block),
+            ("linear_num_key_heads", self.linear_key_heads),
+            ("linear_num_value_heads", self.linear_value_heads),
+            ("linear_key_head_dim", self.linear_key_dim),
+            ("linear_value_head_dim", self.linear_value_dim),
+            ("linear_conv_kernel_dim", self.linear_conv_kernel),
+            ("num_experts", self.num_experts),
+            ("num_experts_per_tok", self.experts_per_token),
+            ("moe_intermediate_size", self.expert_intermediate),
+            ("shared_expert_intermediate_size", self.shared_intermediate),
+            ("hc_count", self.hc_streams),
+            ("hc_lowrank", self.hc_rank),
+            ("ple_embed_dim", self.ple_embed_dim),
+            ("ple_conv_kernel_size", self.ple_conv_kernel),
+            ("ngram_size", self.ngram_size),
+            ("heads_per_ngram", self.heads_per_ngram),
+            ("split_ngram_parts", self.split_ngram_parts),
+        ];
+        if let Some((name, v)) = sizes.iter().find(|(_, v)| *v > MAX_SIZE) {
+            return bad(format!("`{name}` is {v}: sizes above {MAX_SIZE} are not supported"));
+        }
+        for (name, v) in [
+            ("ngram_vocab_size_base", self.ngram_vocab_size_base),
+            ("make_ngram_vocab_size_divisible_by", self.ngram_vocab_divisible_by),
+        ] {
+            if v > MAX_SIZE as u64 {
+                return bad(format!("`{name}` is {v}: sizes above {MAX_SIZE} are not supported"));
+            }
+        }
+        if self.vocab_size == 0 {
+            return bad("vocab_size must be positive");
+        }
+        let params = self.parameters_estimate();
+        if params > MAX_PARAMETERS as f64 {
+            return bad(format!(
+                "the sizes describe a model of {params:.3e} parameters, more than the {MAX_PARAMETERS:.1e} this engine can address"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The weights' parameter count, roughly (every projection, the experts, the embedding and the
+    /// lm_head; norms and the n-gram table left out), in f64 so that absurd sizes cannot overflow.
+    pub fn parameters_estimate(&self) -> f64 {
+        let f = |v: usize| v as f64;
+        let (d, n, layers) = (f(self.hidden_size), f(self.hc_streams), f(self.num_layers));
+        let mix = 2.0 * n * d * f(self.hc_rank) + n * n * d;
+        let experts = (f(self.num_experts) * f(self.expert_intermediate) + f(self.shared_intermediate)) * 3.0 * d
+            + f(self.num_experts) * d;
+        let value = f(self.linear_value_heads) * f(self.linear_value_dim);
+        let gdn = (2.0 * f(self.linear_key_heads) * f(self.linear_key_dim) + 3.0 * value) * d
+            + 2.0 * f(self.linear_value_heads) * d;
+        let qsa = (3.0 * f(self.num_heads) + 2.0 * f(self.num_kv_heads)) * f(self.head_dim) * d
+            + (f(self.indexer_heads) + 1.0) * f(self.indexer_head_dim) * d;
+        let ple = f(self.ple_layers.len()) * (n * d + d) * f(self.ple_embed_dim);
+        2.0 * f(self.vocab_size) * d + layers * (2.0 * mix + experts + gdn.max(qsa)) + ple
     }
 
     /// `(ngram_size − 1) · heads_per_ngram`: the hashed heads of each PLE layer.
@@ -568,6 +657,11 @@ mod tests {
             ),
             ("hidden_size", serde_json::json!("64"), "`hidden_size` must be a non-negative integer"),
             ("eos_token_id", serde_json::json!(1000), "not below vocab_size"),
+            // Sizes the engine can address (found by fuzzing: their products overflowed).
+            ("hidden_size", serde_json::json!(1u64 << 32), "`hidden_size` is 4294967296: sizes above 2147483647"),
+            ("num_experts", serde_json::json!(2_000_000_000), "parameters, more than the"),
+            ("num_hidden_layers", serde_json::json!(100_000), "num_hidden_layers 100000 is above the 65536"),
+            ("vocab_size", serde_json::json!(0), "vocab_size must be positive"),
         ];
         for (key, value, want) in cases {
             let mut v = tiny();

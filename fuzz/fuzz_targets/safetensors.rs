@@ -1,0 +1,8 @@
+//! A safetensors checkpoint from any bytes: [`flashnext::fuzz_targets::safetensors`].
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    flashnext::fuzz_targets::safetensors(data);
+});

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Fills fuzz/corpus/{config,safetensors}/ with the seeds from tests/data: every config.json; each
+# checkpoint's first KiB (its header, cut) and the whole files small enough to fuzz quickly (the
+# tiny-dense shards). libFuzzer adds what it finds to the same folders.
+set -euo pipefail
+cd "$(dirname "$0")"
+data=../tests/data
+mkdir -p corpus/config corpus/safetensors
+for m in "$data"/*/; do
+  m=$(basename "$m")
+  cp "$data/$m/config.json" "corpus/config/$m.json"
+  for f in "$data/$m"/model*.safetensors; do
+    [ -e "$f" ] || continue
+    head -c 1024 "$f" > "corpus/safetensors/$m-$(basename "$f" .safetensors)-head"
+    if [ "$(stat -c %s "$f")" -le 262144 ]; then
+      cp "$f" "corpus/safetensors/$m-$(basename "$f")"
+    fi
+  done
+done
+echo "seed corpus: $(ls corpus/config | wc -l) configs, $(ls corpus/safetensors | wc -l) safetensors inputs"
