@@ -90,8 +90,8 @@ pub struct Candidate {
 
 impl Table {
     pub fn read(path: &Path) -> Result<Table> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Buffer(format!("tuned table {}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::Buffer(format!("tuned table {}: {e}", path.display())))?;
         serde_json::from_str(&text).map_err(|e| Error::Buffer(format!("tuned table {}: {e}", path.display())))
     }
 
@@ -114,7 +114,11 @@ impl Table {
 
     /// Puts `entry` in place of the one with the same key, or adds it.
     pub fn upsert(&mut self, entry: Entry) {
-        match self.entries.iter_mut().find(|e| e.family == entry.family && e.format == entry.format && e.shape == entry.shape) {
+        match self
+            .entries
+            .iter_mut()
+            .find(|e| e.family == entry.family && e.format == entry.format && e.shape == entry.shape)
+        {
             Some(e) => *e = entry,
             None => self.entries.push(entry),
         }
@@ -238,12 +242,14 @@ impl<S: Copy> Knob<S> {
             kernel: K::NAME,
             choices: tile_choices::<K::Tiles>().iter().map(tiles_string).collect(),
             get: Box::new(move |s| tiles_string(&tiles(s))),
-            set: Box::new(move |s, text| match tile_choices::<K::Tiles>().into_iter().find(|t| tiles_string(t) == text) {
-                Some(t) => {
-                    *field(s) = t;
-                    true
+            set: Box::new(move |s, text| {
+                match tile_choices::<K::Tiles>().into_iter().find(|t| tiles_string(t) == text) {
+                    Some(t) => {
+                        *field(s) = t;
+                        true
+                    }
+                    None => false,
                 }
-                None => false,
             }),
             fits: Box::new(move |s| K::launch_dims(&tiles(s), &args).map(|_| ()).map_err(|e| e.to_string())),
             specialize: Box::new(move |s, arch| Some(K::specialize(&tiles(s), arch).map_err(|e| e.message))),
@@ -305,12 +311,7 @@ impl<S: Copy + 'static> Unit<S> {
     pub fn choices(&self, s: &S, arch: Arch) -> Vec<Choice> {
         self.knobs
             .iter()
-            .map(|k| Choice {
-                knob: k.name.into(),
-                kernel: k.kernel.into(),
-                version: k.version(arch),
-                tiles: k.get(s),
-            })
+            .map(|k| Choice { knob: k.name.into(), kernel: k.kernel.into(), version: k.version(arch), tiles: k.get(s) })
             .collect()
     }
 
@@ -394,7 +395,9 @@ pub fn mix_unit(shape: MixShape, final_shape: MixShape, nvfp4: bool) -> Unit<Mix
 pub fn gdn_unit(shape: GdnShape, nvfp4: bool) -> Unit<GdnTiles> {
     let a = GdnLaunches::unbound(shape, nvfp4);
     let mut knobs = vec![match a.in_proj {
-        InProj::Bf16(args) => Knob::kernel::<gdn_in_proj_bf16::Kernel>("in_proj", |t: &mut GdnTiles| &mut t.in_proj, args),
+        InProj::Bf16(args) => {
+            Knob::kernel::<gdn_in_proj_bf16::Kernel>("in_proj", |t: &mut GdnTiles| &mut t.in_proj, args)
+        }
         InProj::Nvfp4(args) => {
             Knob::kernel::<gdn_in_proj_nvfp4::Kernel>("in_proj", |t: &mut GdnTiles| &mut t.in_proj_nvfp4, args)
         }
@@ -454,9 +457,17 @@ pub fn lm_head_unit(vocab: usize, hidden: usize, sms: u32, nvfp4: bool) -> Unit<
     let blocks = move |waves: u32| (sms * waves.max(1)).min(65_535);
     let d = LmHeadTiles::default();
     let kernel_knob = if nvfp4 {
-        Knob::kernel::<lm_head_argmax_nvfp4::Kernel>("tiles", |t: &mut LmHeadTiles| &mut t.nvfp4, nvfp4_args(blocks(d.waves)))
+        Knob::kernel::<lm_head_argmax_nvfp4::Kernel>(
+            "tiles",
+            |t: &mut LmHeadTiles| &mut t.nvfp4,
+            nvfp4_args(blocks(d.waves)),
+        )
     } else {
-        Knob::kernel::<lm_head_argmax_bf16::Kernel>("tiles", |t: &mut LmHeadTiles| &mut t.bf16, bf16_args(blocks(d.waves)))
+        Knob::kernel::<lm_head_argmax_bf16::Kernel>(
+            "tiles",
+            |t: &mut LmHeadTiles| &mut t.bf16,
+            bf16_args(blocks(d.waves)),
+        )
     };
     let valid = move |t: &LmHeadTiles| -> std::result::Result<(), String> {
         let b = blocks(t.waves);

@@ -6,8 +6,12 @@ use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::layers::gdn::{GdnShape, GdnTiles};
 use engine::layers::lm_head::{LmHead, LmHeadTiles, LmHeadWeights};
-use engine::layers::mix::{MixIo, MixKernels, MixLaunches, MixMatrices, MixScratch, MixShape, MixTiles, MixWeightsOnDevice};
-use engine::layers::moe::{ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice};
+use engine::layers::mix::{
+    MixIo, MixKernels, MixLaunches, MixMatrices, MixScratch, MixShape, MixTiles, MixWeightsOnDevice,
+};
+use engine::layers::moe::{
+    ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice,
+};
 use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{Linear, MixWeights};
 use engine::{reference, synthetic};
@@ -155,7 +159,14 @@ impl Moe<'_> {
         if self.host.is_none() {
             let (g, w, sh) = (self.gpu, &self.layers[0], self.shape);
             let (gate_up, down) = match &w.experts {
-                ExpertsOnDevice::Nvfp4 { gate_up_packed, gate_up_scales, gate_up_scale2, down_packed, down_scales, down_scale2 } => {
+                ExpertsOnDevice::Nvfp4 {
+                    gate_up_packed,
+                    gate_up_scales,
+                    gate_up_scale2,
+                    down_packed,
+                    down_scales,
+                    down_scale2,
+                } => {
                     let bytes = |v: Vec<kernel_dsl::E2m1x2>| v.into_iter().map(|b| b.0).collect::<Vec<u8>>();
                     let codes = |v: Vec<kernel_dsl::E4m3>| v.into_iter().map(|b| b.0).collect::<Vec<u8>>();
                     (
@@ -171,13 +182,17 @@ impl Moe<'_> {
                         },
                     )
                 }
-                ExpertsOnDevice::Bf16 { gate_up, down } => (
-                    Stacked::Bf16(g.download(gate_up).map_err(err)?),
-                    Stacked::Bf16(g.download(down).map_err(err)?),
-                ),
+                ExpertsOnDevice::Bf16 { gate_up, down } => {
+                    (Stacked::Bf16(g.download(gate_up).map_err(err)?), Stacked::Bf16(g.download(down).map_err(err)?))
+                }
             };
             self.host = Some(MoeHost {
-                router: Linear { rows: sh.experts, cols: sh.hidden, w: f32s(&g.download(&w.router).map_err(err)?), bias: None },
+                router: Linear {
+                    rows: sh.experts,
+                    cols: sh.hidden,
+                    w: f32s(&g.download(&w.router).map_err(err)?),
+                    bias: None,
+                },
                 shared_gate: f32s(&g.download(&w.shared_gate).map_err(err)?),
                 gate_up,
                 down,
@@ -194,7 +209,11 @@ impl Moe<'_> {
         let d = sh.hidden;
         let mut y = vec![0.0f32; d];
         let mut expert = |e: usize, weight: f32| {
-            let (inter, row0) = if e < sh.experts { (sh.inter, 2 * e * sh.inter) } else { (sh.shared_inter, 2 * sh.experts * sh.inter) };
+            let (inter, row0) = if e < sh.experts {
+                (sh.inter, 2 * e * sh.inter)
+            } else {
+                (sh.shared_inter, 2 * sh.experts * sh.inter)
+            };
             let gate = h.gate_up.linear(row0, inter, d, 2 * e);
             let up = h.gate_up.linear(row0 + inter, inter, d, 2 * e + 1);
             let act: Vec<f32> =
@@ -292,7 +311,12 @@ pub fn lm_head(gpu: &Gpu, vocab: usize, hidden: usize, nvfp4: bool) -> Made<'_, 
 impl Head<'_> {
     /// The heads at `tiles` (the same seeds each time: the same weights).
     fn heads(&self, tiles: &LmHeadTiles, n: usize) -> Result<Vec<LmHead>, String> {
-        (0..n).map(|l| synthetic::lm_head(self.gpu, self.vocab, self.hidden, self.nvfp4, 0x4ead + l as u64, *tiles).map_err(err)).collect()
+        (0..n)
+            .map(|l| {
+                synthetic::lm_head(self.gpu, self.vocab, self.hidden, self.nvfp4, 0x4ead + l as u64, *tiles)
+                    .map_err(err)
+            })
+            .collect()
     }
 }
 
@@ -423,10 +447,9 @@ impl Mix<'_> {
             let (g, w, sh) = (self.gpu, &self.sites[0], self.shape);
             let (width, r, n) = (sh.width(), sh.rank, sh.streams);
             let (proj, up) = match &w.matrices {
-                MixMatrices::Bf16 { proj, up } => (
-                    Stacked::Bf16(g.download(proj).map_err(err)?),
-                    Stacked::Bf16(g.download(up).map_err(err)?),
-                ),
+                MixMatrices::Bf16 { proj, up } => {
+                    (Stacked::Bf16(g.download(proj).map_err(err)?), Stacked::Bf16(g.download(up).map_err(err)?))
+                }
                 MixMatrices::Nvfp4 { proj_packed, proj_scales, up_packed, up_scales, scale2 } => {
                     let s2 = g.download(scale2).map_err(err)?;
                     (

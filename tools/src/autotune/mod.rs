@@ -64,18 +64,29 @@ fn judge(target: &Target, k: &Kernel) -> Compiled {
         Ok(c) => c,
         Err(e) => {
             let first = e.to_string().lines().next().unwrap_or("").to_owned();
-            return Compiled { registers: None, shared_bytes: None, spills: None, pruned: Some(format!("pruned: compile: {first}")) };
+            return Compiled {
+                registers: None,
+                shared_bytes: None,
+                spills: None,
+                pruned: Some(format!("pruned: compile: {first}")),
+            };
         }
     };
     let r = cubin.resources;
     let shared = r.shared_bytes.max(k.static_shared_bytes);
     let spills = r.spills();
     let pruned = if spills {
-        Some(format!("pruned: spills ({} B stores, {} B loads, {} B frame)", r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes))
+        Some(format!(
+            "pruned: spills ({} B stores, {} B loads, {} B frame)",
+            r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes
+        ))
     } else if shared > target.smem {
         Some(format!("pruned: {shared} B shared memory, {} B the limit", target.smem))
     } else if r.registers * k.block_threads > REGISTERS_PER_SM {
-        Some(format!("pruned: {} registers × {} threads exceed an SM's {REGISTERS_PER_SM}", r.registers, k.block_threads))
+        Some(format!(
+            "pruned: {} registers × {} threads exceed an SM's {REGISTERS_PER_SM}",
+            r.registers, k.block_threads
+        ))
     } else {
         None
     };
@@ -224,7 +235,13 @@ pub fn choose_timed<S: Copy + PartialEq + 'static>(
     let mut timed: HashMap<String, f64> = HashMap::new();
     for (k, row) in unit.knobs.iter().zip(&compiled) {
         let current = k.get(&best);
-        candidates.push(candidate(k.name, &current, &Compiled { registers: None, shared_bytes: None, spills: None, pruned: None }, "ok (start)".into(), Some(best_us)));
+        candidates.push(candidate(
+            k.name,
+            &current,
+            &Compiled { registers: None, shared_bytes: None, spills: None, pruned: None },
+            "ok (start)".into(),
+            Some(best_us),
+        ));
         for (i, (c, comp)) in k.choices.iter().zip(row).enumerate() {
             if *c == current {
                 continue;

@@ -117,7 +117,10 @@ fn run(a: Args) -> Result<(), String> {
          layer (graph replays over layers with distinct weights) is more than 1% below the best so far"
             .into()
     };
-    eprintln!("autotune: {device} ({arch}, {sms} SMs, {smem} B shared per block), {threads} compile threads → {}", out.display());
+    eprintln!(
+        "autotune: {device} ({arch}, {sms} SMs, {smem} B shared per block), {threads} compile threads → {}",
+        out.display()
+    );
 
     // The units of the plans of both formats, each once.
     let mut seen = Vec::new();
