@@ -149,7 +149,7 @@ fn run(a: Args) -> Result<(), String> {
             && step(format!("gdn {}", unit.format))
         {
             tune(&a, &target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
-                autotune::harness::gdn(g, shape, formats.gdn_in_proj)
+                autotune::harness::gdn(g, shape, formats.gdn_in_proj, tiles)
             })?;
         }
         if wanted("lm_head") && step(format!("lm_head {}", u.lm_head.format)) {
