@@ -203,6 +203,11 @@ pub fn tile_choices<T: TileSet>() -> Vec<T> {
 }
 
 type Boxed<F> = Box<F>;
+/// Why a setting does not fit, or Ok.
+type Verdict = std::result::Result<(), String>;
+type Setter<S> = dyn Fn(&mut S, &str) -> bool + Send + Sync;
+type Checker<S> = dyn Fn(&S) -> Verdict + Send + Sync;
+type Specialiser<S> = dyn Fn(&S, Arch) -> Option<std::result::Result<Kernel, String>> + Send + Sync;
 
 /// One thing a unit tunes: a kernel's tile set inside the family's tile struct `S`, or a grid
 /// setting (the lm_head's waves).
@@ -213,9 +218,9 @@ pub struct Knob<S> {
     /// Every setting, defaults first, as text.
     pub choices: Vec<String>,
     get: Boxed<dyn Fn(&S) -> String + Send + Sync>,
-    set: Boxed<dyn Fn(&mut S, &str) -> bool + Send + Sync>,
-    fits: Boxed<dyn Fn(&S) -> std::result::Result<(), String> + Send + Sync>,
-    specialize: Boxed<dyn Fn(&S, Arch) -> Option<std::result::Result<Kernel, String>> + Send + Sync>,
+    set: Boxed<Setter<S>>,
+    fits: Boxed<Checker<S>>,
+    specialize: Boxed<Specialiser<S>>,
     version: Boxed<dyn Fn(Arch) -> String + Send + Sync>,
 }
 
@@ -289,7 +294,7 @@ pub struct Unit<S> {
     pub shape: String,
     pub knobs: Vec<Knob<S>>,
     /// The family's whole check of its tiles at the shape.
-    valid: Boxed<dyn Fn(&S) -> std::result::Result<(), String> + Send + Sync>,
+    valid: Boxed<Checker<S>>,
 }
 
 impl<S> std::fmt::Debug for Unit<S> {

@@ -270,6 +270,23 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    /// The committed GB10 table is current: every family of the published step, in both formats,
+    /// takes its entry on sm_121a with 48 SMs. Fails when a kernel changed since the table was
+    /// chosen: `cargo run --release -p tools --bin autotune -- --untimed --device "NVIDIA GB10"
+    /// --arch sm_121a --sms 48 --smem 101376 --out tuned/gb10-untimed.json` makes it again.
+    #[test]
+    fn the_gb10_table_is_current() {
+        let path = tuned::default_dir().join("gb10-untimed.json");
+        let table = tuned::Table::read(&path).expect("the GB10 table");
+        assert!(table.untimed && table.device == "NVIDIA GB10" && table.arch == "sm_121a");
+        let cfg = ModelConfig::published();
+        for formats in [Formats::NVFP4, Formats::BF16] {
+            let plan = StepPlan::new(&cfg, formats, 32_768).expect("plan");
+            let (_, notices) = plan.tuned(&table, Arch::Sm121a, 48);
+            assert!(notices.is_empty(), "{formats:?}: {notices:?}");
+        }
+    }
+
     /// A hidden size the 16-byte lanes cannot take is refused with the reason.
     #[test]
     fn a_narrow_model_is_refused_with_the_reason() {

@@ -250,6 +250,7 @@ impl Harness<MoeTiles> for Moe<'_> {
         // SAFETY (both blocks): the launches address this harness's weights, scratch, x and y,
         // which outlive the graph; x and y are separate buffers of `hidden` values.
         for l in &launches {
+            // SAFETY: see the block comment above.
             unsafe { l.enqueue(gpu, &k) }.map_err(err)?;
         }
         let g = gpu
@@ -487,6 +488,7 @@ impl Harness<MixTiles> for Mix<'_> {
         // SAFETY (both blocks): the launches address this harness's weights, scratch and site
         // buffers (n·d streams, d for x and y, n gains), which outlive the graph and do not overlap.
         for l in &launches {
+            // SAFETY: see the block comment above.
             unsafe { l.enqueue(gpu, &k) }.map_err(err)?;
         }
         let g = gpu
@@ -610,6 +612,7 @@ impl Harness<GdnTiles> for Gdn<'_> {
         let gpu = self.gpu;
         // SAFETY (both blocks): as in `run_one`, for every layer.
         for l in &launches {
+            // SAFETY: see the block comment above.
             unsafe { l.enqueue(gpu, &k) }.map_err(err)?;
         }
         let g = gpu
