@@ -23,14 +23,16 @@ use tools::autotune::{self, Target};
 /// spills, shared memory past the device's limit, a block the SM's registers cannot hold.
 ///
 /// Timed (default, on the GPU): coordinate descent from the plan's tiles, one knob at a time,
-/// each candidate checked against the CPU reference on one layer before its time counts; time per
+/// each candidate checked against the CPU reference on one layer before its time counts (GDN: against
+/// the plan's tiles' output, which tests/gpu_gdn.rs checks against the reference); time per
 /// layer is the median of graph replays over ≥ 8 layers with distinct weights (beyond the L2).
 /// Units already in the output with current kernel versions are skipped, so an interrupted or
 /// budget-limited run resumes where it stopped. Progress goes to stderr.
 ///
 /// Untimed (`--untimed`, no GPU needed): a choice from the compiled resources alone for a device
 /// described by `--device --arch --sms --smem`, marked untimed (the rule is written into the table).
-/// For the GB10: `autotune --untimed --device "NVIDIA GB10" --arch sm_121a --sms 48 --smem 101376`.
+/// For the GB10: `autotune --untimed --device "NVIDIA GB10" --arch sm_121a --sms 48 --smem 101376
+/// --out tuned/gb10-untimed.json`.
 #[derive(Debug, Parser)]
 #[command(name = "autotune")]
 struct Args {
@@ -135,12 +137,12 @@ fn run(a: Args) -> Result<(), String> {
             true
         };
         if wanted("moe") && step(format!("moe {}", u.moe.format)) {
-            tune(&a, &target, &mut table, &out, &u.moe, plan.moe_tiles, gpu.as_ref(), deadline, |g| {
+            tune(&target, &mut table, &out, &u.moe, plan.moe_tiles, gpu.as_ref(), deadline, |g| {
                 autotune::harness::moe(g, plan.moe, formats.experts)
             })?;
         }
         if wanted("mix") && step(format!("mix {}", u.mix.format)) {
-            tune(&a, &target, &mut table, &out, &u.mix, plan.mix_tiles, gpu.as_ref(), deadline, |g| {
+            tune(&target, &mut table, &out, &u.mix, plan.mix_tiles, gpu.as_ref(), deadline, |g| {
                 autotune::harness::mix(g, plan.mix, plan.eps, formats.mix)
             })?;
         }
@@ -148,12 +150,12 @@ fn run(a: Args) -> Result<(), String> {
             && wanted("gdn")
             && step(format!("gdn {}", unit.format))
         {
-            tune(&a, &target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
+            tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
                 autotune::harness::gdn(g, shape, formats.gdn_in_proj, tiles)
             })?;
         }
         if wanted("lm_head") && step(format!("lm_head {}", u.lm_head.format)) {
-            tune(&a, &target, &mut table, &out, &u.lm_head, plan.lm_head_tiles, gpu.as_ref(), deadline, |g| {
+            tune(&target, &mut table, &out, &u.lm_head, plan.lm_head_tiles, gpu.as_ref(), deadline, |g| {
                 autotune::harness::lm_head(g, plan.vocab, plan.mix.hidden, formats.lm_head)
             })?;
         }
@@ -165,7 +167,6 @@ fn run(a: Args) -> Result<(), String> {
 /// Tunes one unit (unless the table has it current) and writes the table after it.
 #[allow(clippy::too_many_arguments)]
 fn tune<'g, S: Copy + PartialEq + 'static>(
-    a: &Args,
     target: &Target,
     table: &mut Table,
     out: &std::path::Path,
@@ -193,7 +194,6 @@ fn tune<'g, S: Copy + PartialEq + 'static>(
             }
         }
     };
-    let _ = a;
     table.upsert(entry);
     table.write(out).map_err(|e| e.to_string())
 }
