@@ -305,3 +305,31 @@ pub fn choose_timed<S: Copy + PartialEq + 'static>(
 pub fn done<S: Copy + 'static>(table: &Table, unit: &Unit<S>, start: S, arch: Arch) -> bool {
     unit.apply(table, arch, start).is_ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use engine::model::config::ModelConfig;
+    use engine::step::{Formats, StepPlan};
+
+    use super::*;
+
+    fn target(smem: u32) -> Target {
+        Target { arch: Arch::Sm121a, sms: 48, smem, threads: 2, cache: CompileCache::new(None) }
+    }
+
+    /// The mix unit of the published step (8 kernels, NVRTC only): every candidate compiled and
+    /// judged; the plan's tiles stand when clean; with no shared memory allowed, the kernels that
+    /// need some are pruned for it.
+    #[test]
+    fn untimed_choice_from_compiled_resources() {
+        let plan = StepPlan::new(&ModelConfig::published(), Formats::NVFP4, 4096).expect("plan");
+        let unit = plan.units(48).mix;
+        let e = choose_untimed(&unit, plan.mix_tiles, &target(101_376));
+        assert_eq!(e.winner, unit.choices(&plan.mix_tiles, Arch::Sm121a));
+        assert!(e.candidates.iter().all(|c| c.registers.is_some() || c.verdict.starts_with("pruned: shape")), "{e:?}");
+        let starved = choose_untimed(&unit, plan.mix_tiles, &target(0));
+        let shared: Vec<_> = starved.candidates.iter().filter(|c| c.shared_bytes.is_some_and(|b| b > 0)).collect();
+        assert!(!shared.is_empty(), "the mix kernels use shared memory");
+        assert!(shared.iter().all(|c| c.verdict.contains("shared memory")), "{shared:?}");
+    }
+}
