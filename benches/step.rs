@@ -15,6 +15,11 @@
 //! - a per-stage profile from events between the launch groups of one eager step (PDL overlap is
 //!   lost at each event, so its sum is above the replay's time).
 //!
+//! Tuned against default tiles in one run: with `FLASHNEXT_TUNED` set (a table file or a folder of
+//! tables, as `engine::tuned::find_for` reads it) or `--tuned`, the nvfp4 variant runs twice, at
+//! the plan's default tiles and at the device's tuned table (`StepPlan::for_device`), and a last
+//! line compares their ms/token (`FLASHNEXT_STEP_VARIANTS=all`: both variants, twice each).
+//!
 //! Lines go to stdout and to $OUT/bench-step.jsonl (or target/).
 
 use std::io::Write;
@@ -39,79 +44,107 @@ fn main() {
     // criterion's harness flags (`--bench`, a filter) are accepted and ignored.
     let gpu = flashnext::gpu::open();
     let cfg = ModelConfig::published();
-    let variants = [
+    let compare = std::env::var_os("FLASHNEXT_TUNED").is_some() || std::env::args().any(|a| a == "--tuned");
+    let mut variants = vec![
         ("nvfp4", Formats::NVFP4),
         // On sm_90 the bf16 mix is faster than its NVFP4 (software FP4 decode): the H200's best mix.
         ("nvfp4, bf16 mix", Formats { mix: false, ..Formats::NVFP4 }),
         ("nvfp4 experts, bf16 mix/GDN/lm_head", Formats { experts: true, ..Formats::BF16 }),
     ];
+    if compare && std::env::var("FLASHNEXT_STEP_VARIANTS").as_deref() != Ok("all") {
+        variants.truncate(1);
+    }
+    let tile_sets: &[&str] = if compare { &["default tiles", "tuned tiles"] } else { &["default tiles"] };
     let mut jsonl = out_file();
     let mut gpu = Some(gpu);
-    for (name, formats) in variants {
-        let g = gpu.take().expect("the device");
-        let context = *CONTEXTS.iter().max().expect("contexts");
-        let plan = StepPlan::new(&cfg, formats, context).expect("plan");
-        let t0 = Instant::now();
-        let model = ModelOnDevice::synthetic(&g, &cfg, &plan, 1, &mut |what, done, total| {
-            if done == total {
-                eprintln!("  {what}: {done}/{total}");
-            }
-        })
-        .expect("synthetic model");
-        println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
-        let mut e = Engine::new(g, plan, model).expect("engine");
-        e.step(1).expect("warm-up");
-        let (_, profile) = e.step_profiled(2).expect("profile");
-        e.capture().expect("capture");
-        for context in CONTEXTS {
-            let position = context - 1;
-            let bytes = e.bytes_per_token(position) as f64;
-            // Device time of the graph per token, the upload included.
-            let timer = EventTimer::new(e.gpu()).expect("events");
-            let mut device = Vec::new();
-            let mut wall = Vec::new();
-            for _ in 0..SAMPLES {
-                e.seek(position).expect("seek");
-                let t = Instant::now();
-                timer.start(e.gpu()).expect("start");
-                e.step(3).expect("step");
-                wall.push(t.elapsed().as_secs_f64());
-                // The step waited for its token, so the end event lands right after it.
-                device.push(timer.stop(e.gpu()).expect("stop").as_secs_f64());
-            }
-            device.sort_by(f64::total_cmp);
-            wall.sort_by(f64::total_cmp);
-            let (med, p10, p90) = (percentile(&device, 0.5), percentile(&device, 0.1), percentile(&device, 0.9));
-            let wall_med = percentile(&wall, 0.5);
-            let floor = bytes / H200_BYTES_PER_S;
-            let line = format!(
-                "step {name} context {context}: {:.3} ms/token on the device (p10 {:.3}, p90 {:.3}), {:.3} ms wall per \
+    // (variant, tiles, context) → ms/token on the device.
+    let mut results: Vec<(&str, &str, usize, f64)> = Vec::new();
+    for (variant, formats) in variants {
+        for &tiles in tile_sets {
+            let g = gpu.take().expect("the device");
+            let context = *CONTEXTS.iter().max().expect("contexts");
+            let plan = if tiles == "tuned tiles" {
+                StepPlan::for_device(&cfg, formats, context, g.info()).expect("plan")
+            } else {
+                StepPlan::new(&cfg, formats, context).expect("plan")
+            };
+            let name = format!("{variant} ({tiles})");
+            let t0 = Instant::now();
+            let model = ModelOnDevice::synthetic(&g, &cfg, &plan, 1, &mut |what, done, total| {
+                if done == total {
+                    eprintln!("  {what}: {done}/{total}");
+                }
+            })
+            .expect("synthetic model");
+            println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
+            let mut e = Engine::new(g, plan, model).expect("engine");
+            e.step(1).expect("warm-up");
+            let (_, profile) = e.step_profiled(2).expect("profile");
+            e.capture().expect("capture");
+            for context in CONTEXTS {
+                let position = context - 1;
+                let bytes = e.bytes_per_token(position) as f64;
+                // Device time of the graph per token, the upload included.
+                let timer = EventTimer::new(e.gpu()).expect("events");
+                let mut device = Vec::new();
+                let mut wall = Vec::new();
+                for _ in 0..SAMPLES {
+                    e.seek(position).expect("seek");
+                    let t = Instant::now();
+                    timer.start(e.gpu()).expect("start");
+                    e.step(3).expect("step");
+                    wall.push(t.elapsed().as_secs_f64());
+                    // The step waited for its token, so the end event lands right after it.
+                    device.push(timer.stop(e.gpu()).expect("stop").as_secs_f64());
+                }
+                device.sort_by(f64::total_cmp);
+                wall.sort_by(f64::total_cmp);
+                let (med, p10, p90) = (percentile(&device, 0.5), percentile(&device, 0.1), percentile(&device, 0.9));
+                let wall_med = percentile(&wall, 0.5);
+                let floor = bytes / H200_BYTES_PER_S;
+                let line = format!(
+                    "step {name} context {context}: {:.3} ms/token on the device (p10 {:.3}, p90 {:.3}), {:.3} ms wall per \
                  Engine::step; {:.1} MB/token, floor {:.3} ms at 4.27 TB/s ({:.0}% reached); {} launches, 1 host wait \
                  per token; GB10 projection {:.1} ms/token at 230 GB/s (bytes only)",
-                med * 1e3,
-                p10 * 1e3,
-                p90 * 1e3,
-                wall_med * 1e3,
-                bytes / 1e6,
-                floor * 1e3,
-                100.0 * floor / med,
-                e.launches_per_token(),
-                bytes / GB10_BYTES_PER_S * 1e3
-            );
-            println!("{line}");
-            writeln!(
+                    med * 1e3,
+                    p10 * 1e3,
+                    p90 * 1e3,
+                    wall_med * 1e3,
+                    bytes / 1e6,
+                    floor * 1e3,
+                    100.0 * floor / med,
+                    e.launches_per_token(),
+                    bytes / GB10_BYTES_PER_S * 1e3
+                );
+                println!("{line}");
+                results.push((variant, tiles, context, med * 1e3));
+                writeln!(
                 jsonl,
                 "{{\"bench\":\"step\",\"formats\":\"{name}\",\"context\":{context},\"median_s\":{med},\"p10_s\":{p10},\
                  \"p90_s\":{p90},\"wall_s\":{wall_med},\"bytes\":{bytes},\"launches\":{}}}",
                 e.launches_per_token()
             )
             .expect("jsonl");
+            }
+            let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
+            println!("  profile of one eager step (events between launch groups), {:.3} ms in all:", total * 1e3);
+            for (stage, t, n) in &profile.stages {
+                println!("    {:<22} {:>8.3} ms  {:>5.1}%  ({n} groups)", stage.name(), t * 1e3, 100.0 * t / total);
+            }
+            gpu = Some(e.into_gpu());
         }
-        let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
-        println!("  profile of one eager step (events between launch groups), {:.3} ms in all:", total * 1e3);
-        for (stage, t, n) in &profile.stages {
-            println!("    {:<22} {:>8.3} ms  {:>5.1}%  ({n} groups)", stage.name(), t * 1e3, 100.0 * t / total);
+    }
+    for &(variant, tiles, context, tuned) in &results {
+        if tiles != "tuned tiles" {
+            continue;
         }
-        gpu = Some(e.into_gpu());
+        if let Some(&(.., default)) =
+            results.iter().find(|r| r.0 == variant && r.1 == "default tiles" && r.2 == context)
+        {
+            println!(
+                "step {variant} context {context}: tuned {tuned:.3} ms/token against default {default:.3} ms/token ({:+.1}%)",
+                100.0 * (tuned - default) / default
+            );
+        }
     }
 }

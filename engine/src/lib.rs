@@ -9,5 +9,6 @@ pub mod model;
 pub mod reference;
 pub mod step;
 pub mod synthetic;
+pub mod tuned;
 
 pub use error::{Error, Result};

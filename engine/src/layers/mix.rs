@@ -410,6 +410,12 @@ impl MixLaunches {
         l
     }
 
+    /// The launches of a site with every address 0 (and a post write): for checking a shape
+    /// against tiles.
+    pub fn unbound(shape: MixShape, nvfp4: bool) -> MixLaunches {
+        MixLaunches::build(shape, &Addresses::default(), nvfp4, true)
+    }
+
     fn build(sh: MixShape, a: &Addresses, nvfp4: bool, post: bool) -> MixLaunches {
         fn r<T>(addr: u64) -> DevPtr<T> {
             DevPtr::from_addr(addr)

@@ -3,6 +3,9 @@
 //! Made and checked on the host, so a model the kernels cannot take is refused at load with the
 //! kernel and the requirement it breaks, not at the first token.
 
+use kernel_dsl::Arch;
+
+use crate::cuda::DeviceInfo;
 use crate::error::{Error, Result};
 use crate::layers::gdn::{GdnShape, GdnTiles, NormAt};
 use crate::layers::lm_head::LmHeadTiles;
@@ -12,6 +15,7 @@ use crate::layers::ple::{PleShape, PleTiles};
 use crate::layers::qsa::{QsaShape, QsaTiles};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::ple_table::RowFormat;
+use crate::tuned;
 
 /// Which weights are kept in NVFP4 on the device (quantised at load from a bf16 checkpoint, or
 /// made so by the synthetic model); the rest stay bf16. Norms, convs, gates, the routers, QSA and
@@ -62,6 +66,8 @@ pub struct StepPlan {
     pub moe_tiles: MoeTiles,
     pub ple: Option<(PleShape, PleTiles)>,
     pub lm_head_tiles: LmHeadTiles,
+    /// The lm_head's rows.
+    pub vocab: usize,
 }
 
 fn unsupported(what: &str, why: impl std::fmt::Display) -> Error {
@@ -126,8 +132,68 @@ impl StepPlan {
             moe_tiles,
             ple,
             lm_head_tiles: LmHeadTiles::default(),
+            vocab: cfg.vocab_size,
         })
     }
+
+    /// [`StepPlan::new`] with the tiles of the device's tuned table (`crate::tuned::find_for`),
+    /// family by family; a family without a current entry keeps the plan's own tiles, and one line
+    /// on stderr says so (as does a missing table).
+    pub fn for_device(cfg: &ModelConfig, formats: Formats, context: usize, info: &DeviceInfo) -> Result<StepPlan> {
+        let plan = StepPlan::new(cfg, formats, context)?;
+        match tuned::find_for(&info.name, info.arch) {
+            Ok(table) => {
+                let (plan, notices) = plan.tuned(&table, info.arch, info.sm_count);
+                for n in notices {
+                    eprintln!("tuned tiles: {n}; default tiles for it");
+                }
+                Ok(plan)
+            }
+            Err(why) => {
+                eprintln!("tuned tiles: {why}; default tiles");
+                Ok(plan)
+            }
+        }
+    }
+
+    /// The tuning units of this plan (the families the step runs, in the formats it runs them),
+    /// with the lm_head's grid on `sms` SMs.
+    pub fn units(&self, sms: u32) -> PlanUnits {
+        PlanUnits {
+            moe: tuned::moe_unit(self.moe, self.formats.experts),
+            mix: tuned::mix_unit(self.mix, self.final_mix, self.formats.mix),
+            gdn: self.gdn.map(|(shape, _)| tuned::gdn_unit(shape, self.formats.gdn_in_proj)),
+            lm_head: tuned::lm_head_unit(self.vocab, self.mix.hidden, sms, self.formats.lm_head),
+        }
+    }
+
+    /// This plan with `table`'s entries taken where they are current and fit, and a notice for
+    /// each family that keeps its own tiles.
+    pub fn tuned(mut self, table: &tuned::Table, arch: Arch, sms: u32) -> (StepPlan, Vec<String>) {
+        let u = self.units(sms);
+        let mut notices = Vec::new();
+        let mut take = |r: std::result::Result<(), String>| {
+            if let Err(n) = r {
+                notices.push(n);
+            }
+        };
+        take(u.moe.apply(table, arch, self.moe_tiles).map(|t| self.moe_tiles = t));
+        take(u.mix.apply(table, arch, self.mix_tiles).map(|t| self.mix_tiles = t));
+        if let (Some(unit), Some((_, tiles))) = (&u.gdn, self.gdn.as_mut()) {
+            take(unit.apply(table, arch, *tiles).map(|t| *tiles = t));
+        }
+        take(u.lm_head.apply(table, arch, self.lm_head_tiles).map(|t| self.lm_head_tiles = t));
+        (self, notices)
+    }
+}
+
+/// The units [`StepPlan::units`] makes.
+#[derive(Debug)]
+pub struct PlanUnits {
+    pub moe: tuned::Unit<MoeTiles>,
+    pub mix: tuned::Unit<MixTiles>,
+    pub gdn: Option<tuned::Unit<GdnTiles>>,
+    pub lm_head: tuned::Unit<LmHeadTiles>,
 }
 
 #[cfg(test)]
@@ -149,6 +215,75 @@ mod tests {
             let p = StepPlan::new(&cfg, f, 128).unwrap_or_else(|e| panic!("{f:?}: {e}"));
             assert!(p.gdn.is_some() && p.qsa.is_some() && p.ple.is_some());
             assert!(p.capacity >= 128);
+        }
+    }
+
+    /// A table entry with current versions changes the plan's tiles; a stale one is refused with
+    /// a notice, and the family keeps its tiles; families without entries say so.
+    #[test]
+    fn tuned_tables_are_taken_when_current_and_refused_when_stale() {
+        let cfg = ModelConfig::published();
+        let plan = StepPlan::new(&cfg, Formats::NVFP4, 32_768).expect("plan");
+        let arch = Arch::Sm90;
+        let units = plan.units(132);
+        // A MoE winner that differs from the plan: the first other gate_up tile set that fits.
+        let mut tiles = plan.moe_tiles;
+        let gate_up = units.moe.knobs.iter().find(|k| k.name == "gate_up").expect("gate_up knob");
+        let other = gate_up
+            .choices
+            .iter()
+            .find(|c| {
+                let mut t = plan.moe_tiles;
+                gate_up.set(&mut t, c) && t != plan.moe_tiles && units.moe.valid(&t).is_ok()
+            })
+            .expect("another gate_up tile set fits the published shape");
+        assert!(gate_up.set(&mut tiles, other));
+        let entry = |winner| tuned::Entry {
+            family: "moe".into(),
+            format: "nvfp4".into(),
+            shape: units.moe.shape.clone(),
+            winner,
+            us_per_layer: None,
+            default_us_per_layer: None,
+            candidates: vec![],
+        };
+        let mut table = tuned::Table { device: "test".into(), arch: arch.to_string(), ..Default::default() };
+        table.upsert(entry(units.moe.choices(&tiles, arch)));
+        let (tuned_plan, notices) = plan.clone().tuned(&table, arch, 132);
+        assert_eq!(tuned_plan.moe_tiles, tiles);
+        assert_ne!(tuned_plan.moe_tiles, plan.moe_tiles);
+        assert_eq!(tuned_plan.mix_tiles, plan.mix_tiles);
+        assert_eq!(notices.len(), 3, "{notices:?}");
+        assert!(notices.iter().all(|n| n.contains("no entry")), "{notices:?}");
+
+        let mut stale = units.moe.choices(&tiles, arch);
+        stale[1].version = "0123456789abcdef".into();
+        table.upsert(entry(stale));
+        let (fallback, notices) = plan.clone().tuned(&table, arch, 132);
+        assert_eq!(fallback.moe_tiles, plan.moe_tiles);
+        assert!(notices.iter().any(|n| n.starts_with("moe nvfp4: stale entry")), "{notices:?}");
+
+        // The table written and read back is the same table.
+        let path = std::env::temp_dir().join(format!("flashnext-tuned-{}.json", std::process::id()));
+        table.write(&path).expect("write");
+        assert_eq!(tuned::Table::read(&path).expect("read"), table);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// The committed GB10 table is current: every family of the published step, in both formats,
+    /// takes its entry on sm_121a with 48 SMs. Fails when a kernel changed since the table was
+    /// chosen: `cargo run --release -p tools --bin autotune -- --untimed --device "NVIDIA GB10"
+    /// --arch sm_121a --sms 48 --smem 101376 --out tuned/gb10-untimed.json` makes it again.
+    #[test]
+    fn the_gb10_table_is_current() {
+        let path = tuned::default_dir().join("gb10-untimed.json");
+        let table = tuned::Table::read(&path).expect("the GB10 table");
+        assert!(table.untimed && table.device == "NVIDIA GB10" && table.arch == "sm_121a");
+        let cfg = ModelConfig::published();
+        for formats in [Formats::NVFP4, Formats::BF16] {
+            let plan = StepPlan::new(&cfg, formats, 32_768).expect("plan");
+            let (_, notices) = plan.tuned(&table, Arch::Sm121a, 48);
+            assert!(notices.is_empty(), "{formats:?}: {notices:?}");
         }
     }
 

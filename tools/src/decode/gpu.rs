@@ -53,7 +53,7 @@ fn progress_printer(what: &'static str) -> impl FnMut(&str, usize, usize) {
 impl GpuBackend {
     /// The engine for `weights` (a checkpoint read on the host) in `formats`.
     pub fn from_weights(gpu: Gpu, weights: &ModelWeights, formats: Formats, context: usize) -> Result<GpuBackend> {
-        let plan = StepPlan::new(&weights.config, formats, context)?;
+        let plan = StepPlan::for_device(&weights.config, formats, context, gpu.info())?;
         let start = Instant::now();
         let mut show = progress_printer("uploading");
         let model = ModelOnDevice::upload(&gpu, weights, &plan, &mut |done, total| show("layer", done, total))?;
@@ -64,7 +64,7 @@ impl GpuBackend {
     /// The engine for random weights of `cfg` made on the device from `seed` (NVFP4 where a
     /// kernel takes it, the n-gram table in pinned host memory).
     pub fn synthetic(gpu: Gpu, cfg: &ModelConfig, context: usize, seed: u64) -> Result<GpuBackend> {
-        let plan = StepPlan::new(cfg, Formats::NVFP4, context)?;
+        let plan = StepPlan::for_device(cfg, Formats::NVFP4, context, gpu.info())?;
         let start = Instant::now();
         let mut show = progress_printer("making synthetic weights");
         let model = ModelOnDevice::synthetic(&gpu, cfg, &plan, seed, &mut show)?;

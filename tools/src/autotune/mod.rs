@@ -1,0 +1,335 @@
+//! The autotuner's search, apart from the GPU: each tuning unit's knobs (`engine::tuned`), every
+//! declared tile set of each knob pruned by the launch's shape checks and by the compiled cubin's
+//! resources (spills, registers a block cannot launch with, shared memory past the device's
+//! limit), the compiles run in parallel threads through the kernel cache (NVRTC needs no GPU), and
+//! the choice: by resources alone (`--untimed`), or by coordinate descent over timed candidates,
+//! each checked against the CPU reference before it may win ([`harness`]).
+
+pub mod harness;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use engine::cuda::cache::CompileCache;
+use engine::tuned::{Candidate, Entry, Table, Unit};
+use kernel_dsl::{Arch, Kernel};
+
+/// What the search knows of the target.
+#[derive(Debug)]
+pub struct Target {
+    pub arch: Arch,
+    pub sms: u32,
+    /// Shared memory one block may use.
+    pub smem: u32,
+    pub threads: usize,
+    pub cache: CompileCache,
+}
+
+/// One knob setting's compiled resources, or why it cannot run.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub registers: Option<u32>,
+    pub shared_bytes: Option<u32>,
+    pub spills: Option<bool>,
+    /// None when it may run; else why not (`pruned: ...`).
+    pub pruned: Option<String>,
+}
+
+/// Registers one SM has (every target: 64 K 32-bit registers).
+const REGISTERS_PER_SM: u32 = 65_536;
+
+/// Compiles `kernels` on `threads` threads and judges each against the target.
+pub fn compile_all(target: &Target, kernels: Vec<Kernel>) -> Vec<Compiled> {
+    let jobs: Mutex<Vec<(usize, Kernel)>> = Mutex::new(kernels.into_iter().enumerate().collect());
+    let done: Mutex<Vec<(usize, Compiled)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..target.threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    let Some((i, k)) = jobs.lock().unwrap_or_else(|e| e.into_inner()).pop() else { break };
+                    let c = judge(target, &k);
+                    done.lock().unwrap_or_else(|e| e.into_inner()).push((i, c));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, c)| c).collect()
+}
+
+fn judge(target: &Target, k: &Kernel) -> Compiled {
+    let cubin = match target.cache.get(k) {
+        Ok(c) => c,
+        Err(e) => {
+            let first = e.to_string().lines().next().unwrap_or("").to_owned();
+            return Compiled {
+                registers: None,
+                shared_bytes: None,
+                spills: None,
+                pruned: Some(format!("pruned: compile: {first}")),
+            };
+        }
+    };
+    let r = cubin.resources;
+    let shared = r.shared_bytes.max(k.static_shared_bytes);
+    let spills = r.spills();
+    let pruned = if spills {
+        Some(format!(
+            "pruned: spills ({} B stores, {} B loads, {} B frame)",
+            r.spill_store_bytes, r.spill_load_bytes, r.stack_frame_bytes
+        ))
+    } else if shared > target.smem {
+        Some(format!("pruned: {shared} B shared memory, {} B the limit", target.smem))
+    } else if r.registers * k.block_threads > REGISTERS_PER_SM {
+        Some(format!(
+            "pruned: {} registers × {} threads exceed an SM's {REGISTERS_PER_SM}",
+            r.registers, k.block_threads
+        ))
+    } else {
+        None
+    };
+    Compiled { registers: Some(r.registers), shared_bytes: Some(shared), spills: Some(spills), pruned }
+}
+
+/// Every knob's settings, each set into `start`: the shape checks, then the compiles.
+/// `result[knob][choice]`.
+pub fn enumerate<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -> Vec<Vec<Compiled>> {
+    let mut kernels = Vec::new();
+    // (knob, choice) → index into `kernels`, or the shape's verdict.
+    let mut slots: Vec<Vec<Result<Option<usize>, String>>> = Vec::new();
+    for k in &unit.knobs {
+        let mut row = Vec::new();
+        for c in &k.choices {
+            let mut t = start;
+            k.set(&mut t, c);
+            let slot = match k.fits(&t).and_then(|()| unit.valid(&t)) {
+                Err(e) => Err(format!("pruned: shape: {e}")),
+                Ok(()) => match k.specialize(&t, target.arch) {
+                    None => Ok(None),
+                    Some(Err(e)) => Err(format!("pruned: {e}")),
+                    Some(Ok(kernel)) => {
+                        kernels.push(kernel);
+                        Ok(Some(kernels.len() - 1))
+                    }
+                },
+            };
+            row.push(slot);
+        }
+        slots.push(row);
+    }
+    let t0 = Instant::now();
+    let n = kernels.len();
+    let compiled = compile_all(target, kernels);
+    eprintln!(
+        "[{} {}] {n} kernels compiled or found in the cache in {:.1} s",
+        unit.family,
+        unit.format,
+        t0.elapsed().as_secs_f64()
+    );
+    slots
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|slot| match slot {
+                    Err(why) => Compiled { registers: None, shared_bytes: None, spills: None, pruned: Some(why) },
+                    Ok(None) => Compiled { registers: None, shared_bytes: None, spills: None, pruned: None },
+                    Ok(Some(i)) => compiled[i].clone(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn candidate(knob: &str, tiles: &str, c: &Compiled, verdict: String, us: Option<f64>) -> Candidate {
+    Candidate {
+        knob: knob.into(),
+        tiles: tiles.into(),
+        registers: c.registers,
+        shared_bytes: c.shared_bytes,
+        spills: c.spills,
+        verdict,
+        us_per_layer: us,
+    }
+}
+
+/// The rule of untimed tables, written into them.
+pub const UNTIMED_RULE: &str = "untimed: per knob, the plan's tiles (the defaults, or the first declared candidate that \
+    fits the shape) when they compile without spills, within the shared memory and with a block the SM's registers hold; \
+    otherwise the clean candidate with the fewest registers per thread (declared order breaks ties); the grid's waves stay \
+    at the default. The whole unit must then pass the family's check, else the plan's tiles stand.";
+
+/// The untimed choice for `unit` from `start` (the plan's tiles): [`UNTIMED_RULE`].
+pub fn choose_untimed<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -> Entry {
+    let compiled = enumerate(unit, start, target);
+    let mut best = start;
+    let mut candidates = Vec::new();
+    for (k, row) in unit.knobs.iter().zip(&compiled) {
+        let current = k.get(&start);
+        let mut pick: Option<(&str, u32)> = None;
+        for (c, comp) in k.choices.iter().zip(row) {
+            candidates.push(candidate(k.name, c, comp, comp.pruned.clone().unwrap_or_else(|| "ok".into()), None));
+        }
+        let current_ok = k.choices.iter().zip(row).any(|(c, comp)| *c == current && comp.pruned.is_none());
+        if current_ok || k.kernel == "grid" {
+            continue;
+        }
+        for (c, comp) in k.choices.iter().zip(row) {
+            if comp.pruned.is_none() {
+                let regs = comp.registers.unwrap_or(u32::MAX);
+                if pick.is_none_or(|(_, r)| regs < r) {
+                    pick = Some((c, regs));
+                }
+            }
+        }
+        if let Some((c, _)) = pick {
+            eprintln!("[{} {}] {}: {current} is not clean here; {c} instead", unit.family, unit.format, k.name);
+            k.set(&mut best, c);
+        }
+    }
+    if let Err(e) = unit.valid(&best) {
+        eprintln!("[{} {}] the untimed choice does not fit ({e}); the plan's tiles", unit.family, unit.format);
+        best = start;
+    }
+    Entry {
+        family: unit.family.into(),
+        format: unit.format.into(),
+        shape: unit.shape.clone(),
+        winner: unit.choices(&best, target.arch),
+        us_per_layer: None,
+        default_us_per_layer: None,
+        candidates,
+    }
+}
+
+/// Times and checks one unit's tiles on the GPU: a family's harness.
+pub trait Harness<S> {
+    /// Microseconds per layer: the median of graph replays over layers with distinct weights.
+    fn measure(&mut self, tiles: &S) -> Result<f64, String>;
+    /// Ok when one layer's output at these tiles matches the CPU reference.
+    fn verify(&mut self, tiles: &S) -> Result<(), String>;
+}
+
+/// Candidates whose time is within this fraction of the best do not replace it (noise).
+const MARGIN: f64 = 0.01;
+
+/// Coordinate descent from `start`: each knob in turn tries every clean setting with the other
+/// knobs at the best so far; a setting must match the reference before its time counts. None when
+/// the budget ran out first (the unit is left for a later run).
+pub fn choose_timed<S: Copy + PartialEq + 'static>(
+    unit: &Unit<S>,
+    start: S,
+    target: &Target,
+    harness: &mut dyn Harness<S>,
+    deadline: Instant,
+) -> Result<Option<Entry>, String> {
+    let label = format!("{} {}", unit.family, unit.format);
+    let compiled = enumerate(unit, start, target);
+    harness.verify(&start).map_err(|e| format!("[{label}] the plan's own tiles fail the reference check: {e}"))?;
+    let mut best = start;
+    let mut best_us = harness.measure(&start)?;
+    let default_us = best_us;
+    eprintln!("[{label}] plan's tiles: {best_us:.2} us per layer");
+    let mut candidates = Vec::new();
+    let mut timed: HashMap<String, f64> = HashMap::new();
+    for (k, row) in unit.knobs.iter().zip(&compiled) {
+        let current = k.get(&best);
+        candidates.push(candidate(
+            k.name,
+            &current,
+            &Compiled { registers: None, shared_bytes: None, spills: None, pruned: None },
+            "ok (start)".into(),
+            Some(best_us),
+        ));
+        for (i, (c, comp)) in k.choices.iter().zip(row).enumerate() {
+            if *c == current {
+                continue;
+            }
+            if let Some(why) = &comp.pruned {
+                candidates.push(candidate(k.name, c, comp, why.clone(), None));
+                continue;
+            }
+            if Instant::now() > deadline {
+                eprintln!("[{label}] budget spent; the unit is left for a later run");
+                return Ok(None);
+            }
+            let mut t = best;
+            k.set(&mut t, c);
+            let key = unit.choices(&t, target.arch).iter().map(|c| c.tiles.clone()).collect::<Vec<_>>().join("|");
+            if let Err(e) = harness.verify(&t) {
+                eprintln!("[{label}] {} {c}: WRONG ({e})", k.name);
+                candidates.push(candidate(k.name, c, comp, format!("wrong: {e}"), None));
+                continue;
+            }
+            let us = match timed.get(&key) {
+                Some(&us) => us,
+                None => match harness.measure(&t) {
+                    Ok(us) => us,
+                    Err(e) => {
+                        candidates.push(candidate(k.name, c, comp, format!("failed: {e}"), None));
+                        continue;
+                    }
+                },
+            };
+            timed.insert(key, us);
+            let wins = us < best_us * (1.0 - MARGIN);
+            eprintln!(
+                "[{label}] {} {}/{} {c}: {us:.2} us{}",
+                k.name,
+                i + 1,
+                k.choices.len(),
+                if wins { " (best so far)" } else { "" }
+            );
+            candidates.push(candidate(k.name, c, comp, "ok".into(), Some(us)));
+            if wins {
+                best = t;
+                best_us = us;
+            }
+        }
+    }
+    eprintln!("[{label}] winner {:.2} us per layer against {default_us:.2} at the plan's tiles", best_us);
+    Ok(Some(Entry {
+        family: unit.family.into(),
+        format: unit.format.into(),
+        shape: unit.shape.clone(),
+        winner: unit.choices(&best, target.arch),
+        us_per_layer: Some(best_us),
+        default_us_per_layer: Some(default_us),
+        candidates,
+    }))
+}
+
+/// Whether `table` already holds a current entry for `unit` (same key, every knob's version as
+/// now): a resumed run skips it.
+pub fn done<S: Copy + 'static>(table: &Table, unit: &Unit<S>, start: S, arch: Arch) -> bool {
+    unit.apply(table, arch, start).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use engine::model::config::ModelConfig;
+    use engine::step::{Formats, StepPlan};
+
+    use super::*;
+
+    fn target(smem: u32) -> Target {
+        Target { arch: Arch::Sm121a, sms: 48, smem, threads: 2, cache: CompileCache::new(None) }
+    }
+
+    /// The mix unit of the published step (8 kernels, NVRTC only): every candidate compiled and
+    /// judged; the plan's tiles stand when clean; with no shared memory allowed, the kernels that
+    /// need some are pruned for it.
+    #[test]
+    fn untimed_choice_from_compiled_resources() {
+        let plan = StepPlan::new(&ModelConfig::published(), Formats::NVFP4, 4096).expect("plan");
+        let unit = plan.units(48).mix;
+        let e = choose_untimed(&unit, plan.mix_tiles, &target(101_376));
+        assert_eq!(e.winner, unit.choices(&plan.mix_tiles, Arch::Sm121a));
+        assert!(e.candidates.iter().all(|c| c.registers.is_some() || c.verdict.starts_with("pruned: shape")), "{e:?}");
+        let starved = choose_untimed(&unit, plan.mix_tiles, &target(0));
+        let shared: Vec<_> = starved.candidates.iter().filter(|c| c.shared_bytes.is_some_and(|b| b > 0)).collect();
+        assert!(!shared.is_empty(), "the mix kernels use shared memory");
+        assert!(shared.iter().all(|c| c.verdict.contains("shared memory")), "{shared:?}");
+    }
+}

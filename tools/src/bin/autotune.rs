@@ -1,0 +1,199 @@
+//! Tunes the step's kernels for one device and writes its table (`tuned/<device-slug>.json`),
+//! which `StepPlan::for_device` then takes. `--help` explains.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use engine::cuda::cache::{self, CompileCache};
+use engine::model::config::ModelConfig;
+use engine::step::{Formats, StepPlan};
+use engine::tuned::{Table, Unit, device_slug};
+use kernel_dsl::Arch;
+use tools::autotune::{self, Target};
+
+/// Tunes the tile sets of the decode step's kernels at the shapes the step runs them, for one
+/// device, and writes the table the engine loads at start.
+///
+/// Units: each layer family the step tunes (moe, mix, gdn, lm_head) in NVFP4 and in bf16, at
+/// the shapes of `StepPlan` for the model (the published config by default; QSA and PLE run at
+/// their defaults, not tuned yet). Each knob (one kernel's tiles; the lm_head's waves) enumerates
+/// its declared tile sets; those the launch's shape checks refuse are pruned, the rest compiled
+/// through NVRTC in parallel (and the kernel cache), and pruned again on the cubin's resources:
+/// spills, shared memory past the device's limit, a block the SM's registers cannot hold.
+///
+/// Timed (default, on the GPU): coordinate descent from the plan's tiles, one knob at a time,
+/// each candidate checked against the CPU reference on one layer before its time counts (GDN: against
+/// the plan's tiles' output, which tests/gpu_gdn.rs checks against the reference); time per
+/// layer is the median of graph replays over ≥ 8 layers with distinct weights (beyond the L2).
+/// Units already in the output with current kernel versions are skipped, so an interrupted or
+/// budget-limited run resumes where it stopped. Progress goes to stderr.
+///
+/// Untimed (`--untimed`, no GPU needed): a choice from the compiled resources alone for a device
+/// described by `--device --arch --sms --smem`, marked untimed (the rule is written into the table).
+/// For the GB10: `autotune --untimed --device "NVIDIA GB10" --arch sm_121a --sms 48 --smem 101376
+/// --out tuned/gb10-untimed.json`.
+#[derive(Debug, Parser)]
+#[command(name = "autotune")]
+struct Args {
+    /// The model's config.json (default: the published Qwen3.8-Flash-Next).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Tune one family only: moe, mix, gdn or lm_head.
+    #[arg(long)]
+    only: Option<String>,
+    /// Stop starting candidates after this many seconds; finished units are kept.
+    #[arg(long, default_value_t = 420)]
+    budget_secs: u64,
+    /// The table to write (and resume from); default tuned/<device-slug>.json, or
+    /// tuned/<device-slug>-untimed.json with --untimed.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Choose from compiled resources alone, without a GPU.
+    #[arg(long)]
+    untimed: bool,
+    /// Untimed: the device's name as the driver reports it.
+    #[arg(long, default_value = "NVIDIA GB10")]
+    device: String,
+    /// Untimed: the architecture (sm_90, sm_121a).
+    #[arg(long, default_value = "sm_121a")]
+    arch: Arch,
+    /// Untimed: the device's SMs.
+    #[arg(long, default_value_t = 48)]
+    sms: u32,
+    /// Untimed: shared memory one block may use, bytes.
+    #[arg(long, default_value_t = 101_376)]
+    smem: u32,
+    /// Context the plan's caches are sized for (does not change the tuned shapes).
+    #[arg(long, default_value_t = 32_768)]
+    context: usize,
+    /// Compile threads (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("autotune: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let cfg = match &a.config {
+        Some(p) => ModelConfig::from_file(p).map_err(|e| e.to_string())?,
+        None => ModelConfig::published(),
+    };
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()));
+    let families = ["moe", "mix", "gdn", "lm_head"];
+    if let Some(f) = &a.only
+        && !families.contains(&f.as_str())
+    {
+        return Err(format!("--only {f}: the families are {}", families.join(", ")));
+    }
+    let wanted = |f: &str| a.only.as_deref().is_none_or(|o| o == f);
+    let deadline = Instant::now() + Duration::from_secs(a.budget_secs);
+    let gpu = if a.untimed { None } else { Some(engine::cuda::Gpu::open(0).map_err(|e| e.to_string())?) };
+    let (device, arch, sms, smem) = match &gpu {
+        Some(g) => (g.info().name.clone(), g.info().arch, g.info().sm_count, g.info().max_shared_per_block),
+        None => (a.device.clone(), a.arch, a.sms, a.smem),
+    };
+    let target = Target { arch, sms, smem, threads, cache: CompileCache::new(cache::default_dir()) };
+    let out = a.out.clone().unwrap_or_else(|| {
+        let slug = device_slug(&device);
+        let name = if a.untimed { format!("{slug}-untimed.json") } else { format!("{slug}.json") };
+        engine::tuned::default_dir().join(name)
+    });
+    let mut table = match Table::read(&out) {
+        Ok(t) if t.device == device && t.arch == arch.to_string() && t.untimed == a.untimed => t,
+        _ => Table { device: device.clone(), arch: arch.to_string(), ..Table::default() },
+    };
+    table.sms = sms;
+    table.smem_per_block = smem;
+    table.untimed = a.untimed;
+    table.rule = if a.untimed {
+        autotune::UNTIMED_RULE.into()
+    } else {
+        "timed: coordinate descent from the plan's tiles over each knob's clean candidates (no spills, within shared \
+         memory and registers); a candidate must match the CPU reference on one layer, then wins if its median time per \
+         layer (graph replays over layers with distinct weights) is more than 1% below the best so far"
+            .into()
+    };
+    eprintln!(
+        "autotune: {device} ({arch}, {sms} SMs, {smem} B shared per block), {threads} compile threads → {}",
+        out.display()
+    );
+
+    // The units of the plans of both formats, each once.
+    let mut seen = Vec::new();
+    for formats in [Formats::NVFP4, Formats::BF16] {
+        let plan = StepPlan::new(&cfg, formats, a.context).map_err(|e| e.to_string())?;
+        let u = plan.units(sms);
+        let mut step = |key: String| {
+            if seen.contains(&key) {
+                return false;
+            }
+            seen.push(key);
+            true
+        };
+        if wanted("moe") && step(format!("moe {}", u.moe.format)) {
+            tune(&target, &mut table, &out, &u.moe, plan.moe_tiles, gpu.as_ref(), deadline, |g| {
+                autotune::harness::moe(g, plan.moe, formats.experts)
+            })?;
+        }
+        if wanted("mix") && step(format!("mix {}", u.mix.format)) {
+            tune(&target, &mut table, &out, &u.mix, plan.mix_tiles, gpu.as_ref(), deadline, |g| {
+                autotune::harness::mix(g, plan.mix, plan.eps, formats.mix)
+            })?;
+        }
+        if let (Some(unit), Some((shape, tiles))) = (&u.gdn, plan.gdn)
+            && wanted("gdn")
+            && step(format!("gdn {}", unit.format))
+        {
+            tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
+                autotune::harness::gdn(g, shape, formats.gdn_in_proj, tiles)
+            })?;
+        }
+        if wanted("lm_head") && step(format!("lm_head {}", u.lm_head.format)) {
+            tune(&target, &mut table, &out, &u.lm_head, plan.lm_head_tiles, gpu.as_ref(), deadline, |g| {
+                autotune::harness::lm_head(g, plan.vocab, plan.mix.hidden, formats.lm_head)
+            })?;
+        }
+    }
+    eprintln!("autotune: {} entries in {}", table.entries.len(), out.display());
+    Ok(())
+}
+
+/// Tunes one unit (unless the table has it current) and writes the table after it.
+#[allow(clippy::too_many_arguments)]
+fn tune<'g, S: Copy + PartialEq + 'static>(
+    target: &Target,
+    table: &mut Table,
+    out: &std::path::Path,
+    unit: &Unit<S>,
+    start: S,
+    gpu: Option<&'g engine::cuda::Gpu>,
+    deadline: Instant,
+    harness: impl FnOnce(&'g engine::cuda::Gpu) -> Result<Option<Box<dyn autotune::Harness<S> + 'g>>, String>,
+) -> Result<(), String> {
+    let label = format!("{} {}", unit.family, unit.format);
+    if autotune::done(table, unit, start, target.arch) {
+        eprintln!("[{label}] current in the table: skipped");
+        return Ok(());
+    }
+    let entry = match gpu {
+        None => autotune::choose_untimed(unit, start, target),
+        Some(g) => {
+            let Some(mut h) = harness(g)? else {
+                eprintln!("[{label}] no timed harness for this family yet: not tuned");
+                return Ok(());
+            };
+            match autotune::choose_timed(unit, start, target, h.as_mut(), deadline)? {
+                Some(e) => e,
+                None => return Ok(()),
+            }
+        }
+    };
+    table.upsert(entry);
+    table.write(out).map_err(|e| e.to_string())
+}
