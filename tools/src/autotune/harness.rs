@@ -34,6 +34,14 @@ fn err(e: impl std::fmt::Display) -> String {
 }
 
 /// The median device time of `SAMPLES` replays of `g` (one untimed first), seconds.
+/// µs per unit of the `units` chained launches `record` enqueues: run once eagerly (modules load
+/// at their first launch, which a capture cannot do), then captured and replayed.
+fn time_chain(gpu: &Gpu, units: usize, mut record: impl FnMut() -> engine::Result<()>) -> Result<f64, String> {
+    record().map_err(err)?;
+    let g = gpu.capture(&mut record).map_err(err)?;
+    Ok(median_replay(gpu, &g)? / units as f64 * 1e6)
+}
+
 fn median_replay(gpu: &Gpu, g: &Graph) -> Result<f64, String> {
     let t = EventTimer::new(gpu).map_err(err)?;
     g.launch().map_err(err)?;
@@ -247,22 +255,9 @@ impl Harness<MoeTiles> for Moe<'_> {
         let k = MoeKernels::load(self.gpu, *tiles).map_err(err)?;
         let launches = self.launches();
         let gpu = self.gpu;
-        // SAFETY (both blocks): the launches address this harness's weights, scratch, x and y,
+        // SAFETY: the launches address this harness's weights, scratch, x and y,
         // which outlive the graph; x and y are separate buffers of `hidden` values.
-        for l in &launches {
-            // SAFETY: see the block comment above.
-            unsafe { l.enqueue(gpu, &k) }.map_err(err)?;
-        }
-        let g = gpu
-            .capture(|| {
-                for l in &launches {
-                    // SAFETY: as above.
-                    unsafe { l.enqueue(gpu, &k) }?;
-                }
-                Ok(())
-            })
-            .map_err(err)?;
-        Ok(median_replay(gpu, &g)? / LAYERS as f64 * 1e6)
+        time_chain(gpu, LAYERS, || launches.iter().try_for_each(|l| unsafe { l.enqueue(gpu, &k) }))
     }
 
     fn verify(&mut self, tiles: &MoeTiles) -> Result<(), String> {
@@ -328,15 +323,12 @@ impl Harness<LmHeadTiles> for Head<'_> {
         let mut heads = self.heads(tiles, LAYERS)?;
         let gpu = self.gpu;
         let (x, logits, tokens) = (&self.x, &mut self.logits, &mut self.tokens);
-        let g = gpu
-            .capture(|| {
-                for ((h, l), t) in heads.iter_mut().zip(logits.iter_mut()).zip(tokens.iter_mut()) {
-                    h.launch(gpu, x, l, t)?;
-                }
-                Ok(())
-            })
-            .map_err(err)?;
-        Ok(median_replay(gpu, &g)? / LAYERS as f64 * 1e6)
+        time_chain(gpu, LAYERS, || {
+            for ((h, l), t) in heads.iter_mut().zip(logits.iter_mut()).zip(tokens.iter_mut()) {
+                h.launch(gpu, x, l, t)?;
+            }
+            Ok(())
+        })
     }
 
     fn verify(&mut self, tiles: &LmHeadTiles) -> Result<(), String> {
@@ -485,22 +477,9 @@ impl Harness<MixTiles> for Mix<'_> {
         let k = MixKernels::load(self.gpu, *tiles).map_err(err)?;
         let launches = self.launches();
         let gpu = self.gpu;
-        // SAFETY (both blocks): the launches address this harness's weights, scratch and site
+        // SAFETY: the launches address this harness's weights, scratch and site
         // buffers (n·d streams, d for x and y, n gains), which outlive the graph and do not overlap.
-        for l in &launches {
-            // SAFETY: see the block comment above.
-            unsafe { l.enqueue(gpu, &k) }.map_err(err)?;
-        }
-        let g = gpu
-            .capture(|| {
-                for l in &launches {
-                    // SAFETY: as above.
-                    unsafe { l.enqueue(gpu, &k) }?;
-                }
-                Ok(())
-            })
-            .map_err(err)?;
-        Ok(median_replay(gpu, &g)? / SITES as f64 * 1e6)
+        time_chain(gpu, SITES, || launches.iter().try_for_each(|l| unsafe { l.enqueue(gpu, &k) }))
     }
 
     fn verify(&mut self, tiles: &MixTiles) -> Result<(), String> {
@@ -610,21 +589,8 @@ impl Harness<GdnTiles> for Gdn<'_> {
         let k = GdnKernels::load(self.gpu, *tiles).map_err(err)?;
         let launches = self.launches();
         let gpu = self.gpu;
-        // SAFETY (both blocks): as in `run_one`, for every layer.
-        for l in &launches {
-            // SAFETY: see the block comment above.
-            unsafe { l.enqueue(gpu, &k) }.map_err(err)?;
-        }
-        let g = gpu
-            .capture(|| {
-                for l in &launches {
-                    // SAFETY: as above.
-                    unsafe { l.enqueue(gpu, &k) }?;
-                }
-                Ok(())
-            })
-            .map_err(err)?;
-        Ok(median_replay(gpu, &g)? / LAYERS as f64 * 1e6)
+        // SAFETY: as in `run_one`, for every layer.
+        time_chain(gpu, LAYERS, || launches.iter().try_for_each(|l| unsafe { l.enqueue(gpu, &k) }))
     }
 
     fn verify(&mut self, tiles: &GdnTiles) -> Result<(), String> {
