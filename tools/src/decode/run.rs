@@ -50,7 +50,7 @@ fn choose(cli: &Cli) -> Result<Choice> {
     } else {
         match Gpu::open(0) {
             Ok(gpu) => Choice::Gpu(Box::new(gpu)),
-            Err(e) => Choice::Cpu(format!("no usable GPU: {e}")),
+            Err(e) => Choice::Cpu(e.to_string()),
         }
     };
     match choice {
