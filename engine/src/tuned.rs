@@ -1,8 +1,8 @@
 //! Tuned tile tables: what `tools/autotune` chose for one device, and how the step plan takes it.
 //!
 //! A table (`tuned/<device-slug>.json`) belongs to one device name and architecture. It holds one
-//! entry per tuning unit: a layer family (`moe`, `mix`, `gdn`, `lm_head`) in one weight format at
-//! one shape. An entry names, per knob (one kernel's tile set, or the lm_head's waves), the kernel,
+//! entry per tuning unit: a layer family (`moe`, `mix`, `gdn`, `lm_head`, `qsa`, `ple`) in one
+//! weight format at one shape. An entry names, per knob (one kernel's tile set, or the lm_head's waves), the kernel,
 //! its *version* (a hash of the kernel's CUDA at its default tiles and the DSL version: it changes
 //! whenever the kernel's code or the emitter changes) and the chosen tiles, and keeps every
 //! candidate that was tried with its resources and time.
@@ -11,7 +11,8 @@
 //! only whole: every knob's version current, every tile set among the kernel's declared ones, and
 //! the family's launches accepting the tiles at the plan's shapes. Otherwise the family keeps the
 //! plan's own tiles (the defaults, or the first candidate that fits) and one line on stderr says
-//! why. QSA and PLE are not tuned yet: they always run at the plan's tiles.
+//! why. QSA's weights are bf16 in every format (one unit per top-k kernel); PLE's format is its
+//! table rows'.
 
 use std::path::{Path, PathBuf};
 
@@ -28,10 +29,22 @@ use crate::kernels::mix::{mix_down_bf16, mix_down_nvfp4, mix_up_bf16, mix_up_nvf
 use crate::kernels::moe::down::{moe_down_bf16, moe_down_nvfp4};
 use crate::kernels::moe::gate_up::{moe_gate_up_bf16, moe_gate_up_nvfp4};
 use crate::kernels::moe::router::moe_router;
+use crate::kernels::ple::gate_conv::ple_gate_conv;
+use crate::kernels::ple::gather_bf16::ple_gather_bf16;
+use crate::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
+use crate::kernels::qsa::attention::qsa_attention;
+use crate::kernels::qsa::block_scores::qsa_block_scores;
+use crate::kernels::qsa::combine::qsa_attention_combine;
+use crate::kernels::qsa::prepare::qsa_prepare;
+use crate::kernels::qsa::top_blocks::qsa_top_blocks;
+use crate::kernels::qsa::top_blocks_grid::qsa_top_blocks_grid;
 use crate::layers::gdn::{GdnLaunches, GdnShape, GdnTiles, InProj, NormAt};
 use crate::layers::lm_head::LmHeadTiles;
 use crate::layers::mix::{self, MixLaunches, MixShape, MixTiles};
 use crate::layers::moe::{self, MoeLaunches, MoeShape, MoeTiles};
+use crate::layers::ple::{Gather, PleLaunches, PleShape, PleTiles};
+use crate::layers::qsa::{QsaLaunches, QsaShape, QsaTiles, TopK};
+use crate::model::ple_table::RowFormat;
 
 /// One device's table.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -424,6 +437,91 @@ pub fn gdn_unit(shape: GdnShape, nvfp4: bool) -> Unit<GdnTiles> {
             }
             t.check(shape, nvfp4).map_err(|e| e.to_string())
         }),
+    }
+}
+
+/// The one-block top-k's tiles inside QSA tiles (a unit of the one-block kernel only ever holds
+/// that variant: [`qsa_unit`]'s check refuses the other).
+fn one_block_top_k(t: &mut QsaTiles) -> &mut qsa_top_blocks::Tiles {
+    if let TopK::Grid(_) = t.top_k {
+        t.top_k = TopK::OneBlock(TileSet::DEFAULT);
+    }
+    match &mut t.top_k {
+        TopK::OneBlock(tiles) => tiles,
+        TopK::Grid(_) => unreachable!("set to the one-block variant just above"),
+    }
+}
+
+/// The multi-block top-k's tiles inside QSA tiles, as [`one_block_top_k`].
+fn grid_top_k(t: &mut QsaTiles) -> &mut qsa_top_blocks_grid::Tiles {
+    if let TopK::OneBlock(_) = t.top_k {
+        t.top_k = TopK::Grid(TileSet::DEFAULT);
+    }
+    match &mut t.top_k {
+        TopK::Grid(tiles) => tiles,
+        TopK::OneBlock(_) => unreachable!("set to the grid variant just above"),
+    }
+}
+
+/// The QSA layer (its weights are bf16 in every format) with caches of `capacity` tokens: the
+/// stacked projection, prepare, the block scores, the top-k kernel the plan chose for the capacity
+/// (`grid`: the multi-block one), the attention, its combine, o_proj. The shape key names the
+/// top-k kernel, not the capacity: one entry serves every context that runs the same kernel, and
+/// the check at the plan's capacity decides whether it fits.
+pub fn qsa_unit(shape: QsaShape, capacity: usize, grid: bool) -> Unit<QsaTiles> {
+    let a = QsaLaunches::unbound(shape, capacity, QsaTiles::fitting(shape).attention);
+    let top_k = if grid {
+        Knob::kernel::<qsa_top_blocks_grid::Kernel>("top_k", grid_top_k, a.top_blocks_grid)
+    } else {
+        Knob::kernel::<qsa_top_blocks::Kernel>("top_k", one_block_top_k, a.top_blocks)
+    };
+    let knobs = vec![
+        Knob::kernel::<gemv_bf16::Kernel>("in_proj", |t: &mut QsaTiles| &mut t.in_proj, a.in_proj),
+        Knob::kernel::<qsa_prepare::Kernel>("prepare", |t| &mut t.prepare, a.prepare),
+        Knob::kernel::<qsa_block_scores::Kernel>("block_scores", |t| &mut t.block_scores, a.block_scores),
+        top_k,
+        Knob::kernel::<qsa_attention::Kernel>("attention", |t| &mut t.attention, a.attention),
+        Knob::kernel::<qsa_attention_combine::Kernel>("combine", |t| &mut t.combine, a.combine),
+        Knob::kernel::<gemv_bf16::Kernel>("o_proj", |t| &mut t.o_proj, a.o_proj),
+    ];
+    Unit {
+        family: "qsa",
+        format: "bf16",
+        shape: format!("{shape:?} top_k={}", if grid { "grid" } else { "one_block" }),
+        knobs,
+        valid: Box::new(move |t: &QsaTiles| {
+            if matches!(t.top_k, TopK::Grid(_)) != grid {
+                return Err(format!(
+                    "the plan runs the {} top-k at {capacity} tokens",
+                    if grid { "multi-block" } else { "one-block" }
+                ));
+            }
+            t.check(shape, capacity).map_err(|e| e.to_string())
+        }),
+    }
+}
+
+/// The PLE block of one PLE layer with its table's rows in `format`: the format's gather (from
+/// host memory), the stacked key and value projections, the gate and conv. The ids kernel has
+/// no tiles to tune.
+pub fn ple_unit(shape: PleShape, format: RowFormat) -> Unit<PleTiles> {
+    let a = PleLaunches::unbound(shape, format);
+    let gather = match a.gather {
+        Gather::Bf16(g) => Knob::kernel::<ple_gather_bf16::Kernel>("gather", |t: &mut PleTiles| &mut t.gather, g),
+        Gather::Nvfp4(g) => {
+            Knob::kernel::<ple_gather_nvfp4::Kernel>("gather", |t: &mut PleTiles| &mut t.gather_nvfp4, g)
+        }
+    };
+    Unit {
+        family: "ple",
+        format: fmt_name(format == RowFormat::Nvfp4),
+        shape: format!("{shape:?}"),
+        knobs: vec![
+            gather,
+            Knob::kernel::<gemv_bf16::Kernel>("proj", |t| &mut t.proj, a.proj),
+            Knob::kernel::<ple_gate_conv::Kernel>("gate_conv", |t| &mut t.gate_conv, a.gate_conv),
+        ],
+        valid: Box::new(move |t: &PleTiles| t.check(shape, format).map_err(|e| e.to_string())),
     }
 }
 

@@ -18,7 +18,7 @@
 
 use cudarc::driver::sys::CUdevice_attribute;
 use half::bf16;
-use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
+use kernel_dsl::{DevPtr, DevPtrMut, KernelDef, LaunchError, TileSet};
 use memmap2::Mmap;
 
 use crate::cuda::host_mapped::HostRegistration;
@@ -360,6 +360,39 @@ impl Default for PleTiles {
     }
 }
 
+impl PleTiles {
+    /// Whether these tiles run `shape` with a table of `format` rows: each launch's requirements
+    /// (the format's gather, the stacked projection within its scratch, the gate and conv), checked
+    /// as a launch would with every address 0.
+    pub fn check(&self, shape: PleShape, format: RowFormat) -> std::result::Result<(), LaunchError> {
+        let (count, width) = (shape.heads, shape.width);
+        match Gather::new(ple_table_rows_unbound(format, width), DevPtr::NULL, DevPtrMut::NULL, count, width) {
+            Gather::Bf16(a) => ple_gather_bf16::Kernel::launch_dims(&self.gather, &a).map(|_| ())?,
+            Gather::Nvfp4(a) => ple_gather_nvfp4::Kernel::launch_dims(&self.gather_nvfp4, &a).map(|_| ())?,
+        }
+        let proj = PleLaunches::unbound(shape, format).proj;
+        let dims = gemv_bf16::Kernel::launch_dims(&self.proj, &proj)?;
+        if dims.grid[1] as usize > MAX_PROJ_SPLIT {
+            return Err(LaunchError {
+                kernel: "gemv_bf16 (PLE projections)",
+                message: format!("split-K {}: the scratch holds {MAX_PROJ_SPLIT}", dims.grid[1]),
+            });
+        }
+        ple_gate_conv::Kernel::launch_dims(&self.gate_conv, &PleLaunches::unbound(shape, format).gate_conv)?;
+        Ok(())
+    }
+}
+
+/// A table of `format` rows at address 0 (its global scale 1): for checking shapes.
+fn ple_table_rows_unbound(format: RowFormat, width: usize) -> TableRows {
+    match format {
+        RowFormat::Bf16 => TableRows::Bf16(DevPtr::NULL),
+        RowFormat::Nvfp4 => {
+            TableRows::Nvfp4 { table: DevPtr::NULL, row_words: nvfp4_row_words(width) as u32, scale_2: 1.0 }
+        }
+    }
+}
+
 /// The PLE kernels, compiled.
 #[derive(Debug)]
 pub struct PleKernels {
@@ -449,6 +482,48 @@ impl PleLaunches {
                 dilation: sh.dilation as u32,
                 eps: sh.eps,
                 post: post.is_some(),
+            },
+        }
+    }
+
+    /// The launches with every address 0, no write before the block: for checking a shape
+    /// against tiles.
+    pub fn unbound(shape: PleShape, format: RowFormat) -> PleLaunches {
+        let sh = shape;
+        PleLaunches {
+            gather: Gather::new(
+                ple_table_rows_unbound(format, sh.width),
+                DevPtr::NULL,
+                DevPtrMut::NULL,
+                sh.heads,
+                sh.width,
+            ),
+            proj: gemv_bf16::Args {
+                w: DevPtr::NULL,
+                x: DevPtr::NULL,
+                y: DevPtrMut::NULL,
+                partial: DevPtrMut::NULL,
+                counters: DevPtrMut::NULL,
+                rows: sh.proj_rows() as u32,
+                cols: sh.embed_dim() as u32,
+            },
+            gate_conv: ple_gate_conv::Args {
+                proj: DevPtr::NULL,
+                streams_in: DevPtr::NULL,
+                y: DevPtr::NULL,
+                gains_prev: DevPtr::NULL,
+                norm_key: DevPtr::NULL,
+                norm_query: DevPtr::NULL,
+                norm_conv: DevPtr::NULL,
+                conv_w: DevPtr::NULL,
+                conv_state: DevPtrMut::NULL,
+                streams_out: DevPtrMut::NULL,
+                streams: sh.streams as u32,
+                d: sh.hidden as u32,
+                kernel_size: sh.conv_kernel as u32,
+                dilation: sh.dilation as u32,
+                eps: sh.eps,
+                post: false,
             },
         }
     }
@@ -612,5 +687,31 @@ impl PleTableOnHost {
                 scale_2: h.scale_2.get(layer).copied().unwrap_or(1.0),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PUBLISHED: PleShape =
+        PleShape { streams: 4, hidden: 2560, heads: 16, width: 160, conv_kernel: 4, dilation: 3, eps: 1e-6 };
+
+    /// The default tiles run the published shape in both row formats; the NVFP4 gather refuses
+    /// rows narrower than its 32-value pieces, the projections a split past their scratch.
+    #[test]
+    fn tiles_are_checked_against_the_shape_and_format() {
+        let t = PleTiles::default();
+        t.check(PUBLISHED, RowFormat::Bf16).expect("bf16 rows");
+        t.check(PUBLISHED, RowFormat::Nvfp4).expect("NVFP4 rows");
+        let narrow = PleShape { width: 16, hidden: 256, ..PUBLISHED };
+        t.check(narrow, RowFormat::Bf16).expect("bf16 rows of 16");
+        let e = t.check(narrow, RowFormat::Nvfp4).expect_err("NVFP4 rows of 16").to_string();
+        assert!(e.contains("ple_gather_nvfp4"), "{e}");
+        let split = PleTiles { proj: gemv_bf16::Tiles { k_split: 16, vec: 4, ..TileSet::DEFAULT }, ..t };
+        let wide = PleShape { heads: 32, width: 256, ..PUBLISHED };
+        let e = split.check(wide, RowFormat::Bf16);
+        assert!(e.is_ok(), "{e:?}: 8192 columns split 16 ways");
+        assert!(split.check(PUBLISHED, RowFormat::Bf16).is_err(), "2560 columns do not split 16 ways");
     }
 }

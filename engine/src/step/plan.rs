@@ -12,7 +12,7 @@ use crate::layers::lm_head::LmHeadTiles;
 use crate::layers::mix::{MixShape, MixTiles};
 use crate::layers::moe::{MoeShape, MoeTiles};
 use crate::layers::ple::{PleShape, PleTiles};
-use crate::layers::qsa::{QsaShape, QsaTiles};
+use crate::layers::qsa::{QsaShape, QsaTiles, TopK};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::ple_table::RowFormat;
 use crate::tuned;
@@ -163,6 +163,10 @@ impl StepPlan {
             moe: tuned::moe_unit(self.moe, self.formats.experts),
             mix: tuned::mix_unit(self.mix, self.final_mix, self.formats.mix),
             gdn: self.gdn.map(|(shape, _)| tuned::gdn_unit(shape, self.formats.gdn_in_proj)),
+            qsa: self
+                .qsa
+                .map(|(shape, tiles)| tuned::qsa_unit(shape, self.capacity, matches!(tiles.top_k, TopK::Grid(_)))),
+            ple: self.ple.map(|(shape, _)| tuned::ple_unit(shape, self.formats.ple_table)),
             lm_head: tuned::lm_head_unit(self.vocab, self.mix.hidden, sms, self.formats.lm_head),
         }
     }
@@ -182,6 +186,12 @@ impl StepPlan {
         if let (Some(unit), Some((_, tiles))) = (&u.gdn, self.gdn.as_mut()) {
             take(unit.apply(table, arch, *tiles).map(|t| *tiles = t));
         }
+        if let (Some(unit), Some((_, tiles))) = (&u.qsa, self.qsa.as_mut()) {
+            take(unit.apply(table, arch, *tiles).map(|t| *tiles = t));
+        }
+        if let (Some(unit), Some((_, tiles))) = (&u.ple, self.ple.as_mut()) {
+            take(unit.apply(table, arch, *tiles).map(|t| *tiles = t));
+        }
         take(u.lm_head.apply(table, arch, self.lm_head_tiles).map(|t| self.lm_head_tiles = t));
         (self, notices)
     }
@@ -193,6 +203,10 @@ pub struct PlanUnits {
     pub moe: tuned::Unit<MoeTiles>,
     pub mix: tuned::Unit<MixTiles>,
     pub gdn: Option<tuned::Unit<GdnTiles>>,
+    /// At the plan's capacity, for the top-k kernel it chose.
+    pub qsa: Option<tuned::Unit<QsaTiles>>,
+    /// In the format of the plan's PLE table rows.
+    pub ple: Option<tuned::Unit<PleTiles>>,
     pub lm_head: tuned::Unit<LmHeadTiles>,
 }
 
@@ -253,7 +267,7 @@ mod tests {
         assert_eq!(tuned_plan.moe_tiles, tiles);
         assert_ne!(tuned_plan.moe_tiles, plan.moe_tiles);
         assert_eq!(tuned_plan.mix_tiles, plan.mix_tiles);
-        assert_eq!(notices.len(), 3, "{notices:?}");
+        assert_eq!(notices.len(), 5, "{notices:?}");
         assert!(notices.iter().all(|n| n.contains("no entry")), "{notices:?}");
 
         let mut stale = units.moe.choices(&tiles, arch);
@@ -270,6 +284,89 @@ mod tests {
         let _ = std::fs::remove_file(&path);
     }
 
+    /// A unit's first other clean-at-the-shape setting of knob `name`, set into `start`.
+    fn other_tiles<S: Copy + PartialEq + 'static>(unit: &tuned::Unit<S>, start: S, name: &str) -> S {
+        let knob = unit.knobs.iter().find(|k| k.name == name).unwrap_or_else(|| panic!("{name} knob"));
+        knob.choices
+            .iter()
+            .find_map(|c| {
+                let mut t = start;
+                (knob.set(&mut t, c) && t != start && unit.valid(&t).is_ok()).then_some(t)
+            })
+            .unwrap_or_else(|| panic!("another {name} tile set fits"))
+    }
+
+    fn entry_of<S: Copy + 'static>(unit: &tuned::Unit<S>, tiles: &S, arch: Arch) -> tuned::Entry {
+        tuned::Entry {
+            family: unit.family.into(),
+            format: unit.format.into(),
+            shape: unit.shape.clone(),
+            winner: unit.choices(tiles, arch),
+            us_per_layer: Some(1.0),
+            default_us_per_layer: Some(2.0),
+            candidates: vec![],
+        }
+    }
+
+    /// QSA and PLE take their entries like the other families: the tuned attention and gather
+    /// tiles replace the plan's; the QSA entry of the one-block top-k (32k) is refused with a
+    /// notice by a plan whose caches take the multi-block top-k (128k), which keeps its tiles; a
+    /// stale PLE entry is refused; the bf16 plan's PLE (bf16 rows) does not take the NVFP4 rows'
+    /// entry.
+    #[test]
+    fn qsa_and_ple_take_tuned_tiles() {
+        let cfg = ModelConfig::published();
+        let arch = Arch::Sm90;
+        let plan = StepPlan::new(&cfg, Formats::NVFP4, 32_768).expect("plan");
+        let (Some((_, qsa_tiles)), Some((_, ple_tiles))) = (plan.qsa, plan.ple) else { panic!("QSA and PLE") };
+        assert!(matches!(qsa_tiles.top_k, TopK::OneBlock(_)));
+        let units = plan.units(132);
+        let (qu, pu) = (units.qsa.as_ref().expect("qsa unit"), units.ple.as_ref().expect("ple unit"));
+        assert_eq!(qu.format, "bf16");
+        assert_eq!(pu.format, "nvfp4");
+        let names: Vec<_> = qu.knobs.iter().map(|k| k.name).collect();
+        assert_eq!(names, ["in_proj", "prepare", "block_scores", "top_k", "attention", "combine", "o_proj"]);
+        assert_eq!(qu.knobs[3].kernel, "qsa_top_blocks");
+        let names: Vec<_> = pu.knobs.iter().map(|k| k.name).collect();
+        assert_eq!(names, ["gather", "proj", "gate_conv"]);
+        assert_eq!(pu.knobs[0].kernel, "ple_gather_nvfp4");
+        let q = other_tiles(qu, qsa_tiles, "attention");
+        let q = other_tiles(qu, q, "top_k");
+        let p = other_tiles(pu, ple_tiles, "gather");
+        let p = other_tiles(pu, p, "gate_conv");
+        let mut table = tuned::Table { device: "test".into(), arch: arch.to_string(), ..Default::default() };
+        table.upsert(entry_of(qu, &q, arch));
+        table.upsert(entry_of(pu, &p, arch));
+        let (tuned_plan, notices) = plan.clone().tuned(&table, arch, 132);
+        assert_eq!(tuned_plan.qsa.map(|(_, t)| t), Some(q));
+        assert_eq!(tuned_plan.ple.map(|(_, t)| t), Some(p));
+        assert_ne!(q, qsa_tiles);
+        assert_ne!(p, ple_tiles);
+        assert!(!notices.iter().any(|n| n.starts_with("qsa") || n.starts_with("ple")), "{notices:?}");
+
+        // 128k: the multi-block top-k, another unit; the 32k entry is not its.
+        let long = StepPlan::new(&cfg, Formats::NVFP4, 131_072).expect("plan");
+        let (long_tuned, notices) = long.clone().tuned(&table, arch, 132);
+        assert_eq!(long_tuned.qsa.map(|(_, t)| t), long.qsa.map(|(_, t)| t));
+        assert!(notices.iter().any(|n| n == "qsa bf16: no entry"), "{notices:?}");
+        assert_eq!(long.units(132).qsa.expect("qsa").knobs[3].kernel, "qsa_top_blocks_grid");
+
+        // bf16 rows: the NVFP4 rows' entry is not theirs.
+        let bf16 = StepPlan::new(&cfg, Formats::BF16, 32_768).expect("plan");
+        let (bf16_tuned, notices) = bf16.clone().tuned(&table, arch, 132);
+        assert_eq!(bf16_tuned.ple.map(|(_, t)| t), bf16.ple.map(|(_, t)| t));
+        assert!(notices.iter().any(|n| n == "ple bf16: no entry"), "{notices:?}");
+        assert_eq!(bf16_tuned.qsa.map(|(_, t)| t), Some(q), "QSA is bf16 in both plans");
+
+        // A stale PLE entry: refused, the plan's tiles kept.
+        let mut stale = entry_of(pu, &p, arch);
+        stale.winner[2].version = "0123456789abcdef".into();
+        table.upsert(stale);
+        let (fallback, notices) = plan.clone().tuned(&table, arch, 132);
+        assert_eq!(fallback.ple.map(|(_, t)| t), Some(ple_tiles));
+        assert!(notices.iter().any(|n| n.starts_with("ple nvfp4: stale entry for ple_gate_conv")), "{notices:?}");
+    }
+
     /// The committed GB10 table is current: every family of the published step, in both formats,
     /// takes its entry on sm_121a with 48 SMs. Fails when a kernel changed since the table was
     /// chosen: `cargo run --release -p tools --bin autotune -- --untimed --device "NVIDIA GB10"
@@ -284,6 +381,29 @@ mod tests {
             let plan = StepPlan::new(&cfg, formats, 32_768).expect("plan");
             let (_, notices) = plan.tuned(&table, Arch::Sm121a, 48);
             assert!(notices.is_empty(), "{formats:?}: {notices:?}");
+        }
+    }
+
+    /// The committed H200 table, as the timed run left it (no QSA or PLE entries yet), is read and
+    /// taken where current: QSA and PLE keep the plan's tiles with a notice, as does any family
+    /// whose kernels changed since the run.
+    #[test]
+    fn the_h200_table_is_accepted_as_it_is() {
+        let path = tuned::default_dir().join("nvidia-h200.json");
+        let table = tuned::Table::read(&path).expect("the H200 table");
+        assert!(!table.untimed && table.device == "NVIDIA H200" && table.arch == "sm_90");
+        let cfg = ModelConfig::published();
+        for formats in [Formats::NVFP4, Formats::BF16] {
+            let plan = StepPlan::new(&cfg, formats, 32_768).expect("plan");
+            let (_, notices) = plan.tuned(&table, Arch::Sm90, table.sms);
+            for n in &notices {
+                assert!(n.contains(": no entry") || n.contains(": stale entry"), "{formats:?}: {n}");
+            }
+            for family in ["qsa", "ple"] {
+                let has = table.entries.iter().any(|e| e.family == family);
+                let noticed = notices.iter().any(|n| n.starts_with(family));
+                assert!(has || noticed, "{formats:?}: {family} has no entry and no notice: {notices:?}");
+            }
         }
     }
 

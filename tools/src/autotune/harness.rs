@@ -1,6 +1,7 @@
 //! The timed side of the autotuner (needs a GPU): per family, layers with distinct weights made
 //! on the device beyond the L2, captured as one graph and replayed (CUDA events, the median), and
 //! one layer's output checked against the CPU reference (`engine::reference`) with fresh inputs.
+//! QSA ([`qsa`]) and PLE ([`ple`]) have their own modules.
 
 use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
@@ -20,6 +21,12 @@ use engine::{reference, synthetic};
 use half::bf16;
 
 use super::Harness;
+
+mod ple;
+mod qsa;
+
+pub use ple::ple;
+pub use qsa::qsa;
 
 type Made<'g, S> = Result<Option<Box<dyn Harness<S> + 'g>>, String>;
 

@@ -332,4 +332,122 @@ mod tests {
         assert!(!shared.is_empty(), "the mix kernels use shared memory");
         assert!(shared.iter().all(|c| c.verdict.contains("shared memory")), "{shared:?}");
     }
+
+    /// The QSA unit at 32k and the PLE unit (NVFP4 rows) of the published step, without their
+    /// GEMVs (a hundred-odd tile sets each, the GDN unit compiles the same kernel): every other
+    /// candidate compiled and judged, the plan's tiles standing when clean; and the GEMVs' tile
+    /// sets pruned by the launch checks alone where the shape refuses them (a split-K that does
+    /// not divide QSA's 2560 input columns; a split past PLE's 16-way scratch).
+    #[test]
+    fn qsa_and_ple_units_enumerate_and_prune() {
+        let plan = StepPlan::new(&ModelConfig::published(), Formats::NVFP4, 32_768).expect("plan");
+        let (Some((_, qsa_tiles)), Some((_, ple_tiles))) = (plan.qsa, plan.ple) else { panic!("QSA and PLE") };
+        let units = plan.units(48);
+        let (mut qu, mut pu) = (units.qsa.expect("qsa unit"), units.ple.expect("ple unit"));
+
+        // Shape pruning of the GEMVs, no compile.
+        let in_proj = qu.knobs.iter().find(|k| k.name == "in_proj").expect("in_proj");
+        let verdicts: Vec<(String, bool)> = in_proj
+            .choices
+            .iter()
+            .map(|c| {
+                let mut t = qsa_tiles;
+                assert!(in_proj.set(&mut t, c));
+                (c.clone(), in_proj.fits(&t).and_then(|()| qu.valid(&t)).is_ok())
+            })
+            .collect();
+        assert!(verdicts.iter().any(|(_, ok)| *ok) && verdicts.iter().any(|(_, ok)| !*ok), "{verdicts:?}");
+        for (c, ok) in &verdicts {
+            if c.contains("K_SPLIT=16") {
+                assert!(!ok, "{c}: 2560 columns do not split 16 ways in 32-lane vectors");
+            }
+        }
+        let proj = pu.knobs.iter().find(|k| k.name == "proj").expect("proj");
+        assert!(proj.choices.iter().any(|c| {
+            let mut t = ple_tiles;
+            proj.set(&mut t, c) && proj.fits(&t).and_then(|()| pu.valid(&t)).is_err()
+        }));
+
+        // Everything else compiled for sm_121a and judged.
+        qu.knobs.retain(|k| k.kernel != "gemv_bf16");
+        pu.knobs.retain(|k| k.kernel != "gemv_bf16");
+        for (e, plan_choices) in [
+            (choose_untimed(&qu, qsa_tiles, &target(101_376)), qu.choices(&qsa_tiles, Arch::Sm121a)),
+            (choose_untimed(&pu, ple_tiles, &target(101_376)), pu.choices(&ple_tiles, Arch::Sm121a)),
+        ] {
+            assert_eq!(e.winner, plan_choices, "{} keeps the plan's tiles", e.family);
+            assert!(
+                e.candidates.iter().all(|c| c.registers.is_some() || c.verdict.starts_with("pruned: shape")),
+                "{e:?}"
+            );
+            assert!(e.candidates.iter().any(|c| c.verdict == "ok"), "{e:?}");
+        }
+    }
+
+    /// The QSA and PLE harnesses on the device at the plan's tiles (what a timed run does first
+    /// for each unit): layer 0 matches the CPU reference, and the graph over 8 layers times.
+    /// QSA at 32k tokens (sparse: 8,192 blocks, 512 kept); PLE with NVFP4 and with bf16 rows.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn qsa_and_ple_harnesses_check_and_time_the_plan_tiles() {
+        let gpu = engine::cuda::Gpu::open(0).expect("GPU");
+        let cfg = ModelConfig::published();
+        for formats in [Formats::NVFP4, Formats::BF16] {
+            let plan = StepPlan::new(&cfg, formats, 32_768).expect("plan");
+            let (Some((qs, qt)), Some((ps, pt))) = (plan.qsa, plan.ple) else { panic!("QSA and PLE") };
+            if formats == Formats::NVFP4 {
+                let mut h = harness::qsa(&gpu, &cfg, qs, plan.capacity).expect("qsa harness").expect("made");
+                for _ in 0..3 {
+                    h.verify(&qt).expect("QSA at the plan's tiles against the reference");
+                }
+                let us = h.measure(&qt).expect("QSA timed");
+                println!("QSA at 32k, plan's tiles: {us:.2} us per layer");
+                assert!(us.is_finite() && us > 1.0, "{us}");
+            }
+            let mut h = harness::ple(&gpu, &cfg, ps, formats.ple_table).expect("ple harness").expect("made");
+            for _ in 0..3 {
+                h.verify(&pt).expect("PLE at the plan's tiles against the reference");
+            }
+            let us = h.measure(&pt).expect("PLE timed");
+            println!("PLE, {:?} rows, plan's tiles: {us:.2} us per layer", formats.ple_table);
+            assert!(us.is_finite() && us > 0.5, "{us}");
+        }
+    }
+
+    /// A resumed run skips a unit the table holds with current versions, and redoes it when a
+    /// kernel changed since (its version in the table no longer the kernel's): the table as
+    /// written and read back.
+    #[test]
+    fn a_run_resumes_past_current_units_only() {
+        let plan = StepPlan::new(&ModelConfig::published(), Formats::BF16, 32_768).expect("plan");
+        let (_, ple_tiles) = plan.ple.expect("PLE");
+        let (_, qsa_tiles) = plan.qsa.expect("QSA");
+        let units = plan.units(48);
+        let (pu, qu) = (units.ple.expect("ple unit"), units.qsa.expect("qsa unit"));
+        let arch = Arch::Sm121a;
+        let entry = |family: &str, shape: &str, winner| Entry {
+            family: family.into(),
+            format: "bf16".into(),
+            shape: shape.into(),
+            winner,
+            us_per_layer: Some(3.0),
+            default_us_per_layer: Some(3.5),
+            candidates: vec![],
+        };
+        let mut table = Table { device: "NVIDIA GB10".into(), arch: arch.to_string(), ..Table::default() };
+        assert!(!done(&table, &pu, ple_tiles, arch) && !done(&table, &qu, qsa_tiles, arch));
+        table.upsert(entry("ple", &pu.shape, pu.choices(&ple_tiles, arch)));
+        let path = std::env::temp_dir().join(format!("flashnext-resume-{}.json", std::process::id()));
+        table.write(&path).expect("write");
+        let resumed = Table::read(&path).expect("read");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(resumed, table);
+        assert!(done(&resumed, &pu, ple_tiles, arch), "the PLE unit is current: skipped");
+        assert!(!done(&resumed, &qu, qsa_tiles, arch), "the QSA unit is still to do");
+        let mut stale = pu.choices(&ple_tiles, arch);
+        stale[0].version = "0000000000000000".into();
+        table.upsert(entry("ple", &pu.shape, stale));
+        assert_eq!(table.entries.len(), 1, "the same key is replaced, not added");
+        assert!(!done(&table, &pu, ple_tiles, arch), "a stale unit is redone");
+    }
 }

@@ -15,9 +15,12 @@ use tools::autotune::{self, Target};
 /// Tunes the tile sets of the decode step's kernels at the shapes the step runs them, for one
 /// device, and writes the table the engine loads at start.
 ///
-/// Units: each layer family the step tunes (moe, mix, gdn, lm_head) in NVFP4 and in bf16, at
-/// the shapes of `StepPlan` for the model (the published config by default; QSA and PLE run at
-/// their defaults, not tuned yet). Each knob (one kernel's tiles; the lm_head's waves) enumerates
+/// Units: each layer family the step tunes (moe, mix, gdn, lm_head, qsa, ple) in NVFP4 and in
+/// bf16, at the shapes of `StepPlan` for the model (the published config by default). QSA's
+/// weights are bf16 in both plans (one unit), timed at the last position of caches of `--context`
+/// tokens (32,768 by default: 8,192 blocks, past the budget of 512, so the top-k selects; the
+/// top-k kernel is the one the plan takes at that context, and names the unit); PLE's format is its
+/// table rows', read from pinned host memory mapped for the device. Each knob (one kernel's tiles; the lm_head's waves) enumerates
 /// its declared tile sets; those the launch's shape checks refuse are pruned, the rest compiled
 /// through NVRTC in parallel (and the kernel cache), and pruned again on the cubin's resources:
 /// spills, shared memory past the device's limit, a block the SM's registers cannot hold.
@@ -39,9 +42,10 @@ struct Args {
     /// The model's config.json (default: the published Qwen3.8-Flash-Next).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Tune one family only: moe, mix, gdn or lm_head.
-    #[arg(long)]
-    only: Option<String>,
+    /// Tune these families only, comma-separated: moe, mix, gdn, lm_head, qsa, ple (e.g.
+    /// `--only qsa,ple`).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// Stop starting candidates after this many seconds; finished units are kept.
     #[arg(long, default_value_t = 420)]
     budget_secs: u64,
@@ -64,7 +68,9 @@ struct Args {
     /// Untimed: shared memory one block may use, bytes.
     #[arg(long, default_value_t = 101_376)]
     smem: u32,
-    /// Context the plan's caches are sized for (does not change the tuned shapes).
+    /// Context the plan's caches are sized for: QSA is timed at its last position, and its
+    /// top-k kernel follows it (the one-block kernel up to 64k tokens, the multi-block one past);
+    /// the other families' shapes do not depend on it.
     #[arg(long, default_value_t = 32_768)]
     context: usize,
     /// Compile threads (default: the machine's cores).
@@ -85,13 +91,11 @@ fn run(a: Args) -> Result<(), String> {
         None => ModelConfig::published(),
     };
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()));
-    let families = ["moe", "mix", "gdn", "lm_head"];
-    if let Some(f) = &a.only
-        && !families.contains(&f.as_str())
-    {
+    let families = ["moe", "mix", "gdn", "lm_head", "qsa", "ple"];
+    if let Some(f) = a.only.iter().find(|f| !families.contains(&f.as_str())) {
         return Err(format!("--only {f}: the families are {}", families.join(", ")));
     }
-    let wanted = |f: &str| a.only.as_deref().is_none_or(|o| o == f);
+    let wanted = |f: &str| a.only.is_empty() || a.only.iter().any(|o| o == f);
     let deadline = Instant::now() + Duration::from_secs(a.budget_secs);
     let gpu = if a.untimed { None } else { Some(engine::cuda::Gpu::open(0).map_err(|e| e.to_string())?) };
     let (device, arch, sms, smem) = match &gpu {
@@ -152,6 +156,22 @@ fn run(a: Args) -> Result<(), String> {
         {
             tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
                 autotune::harness::gdn(g, shape, formats.gdn_in_proj, tiles)
+            })?;
+        }
+        if let (Some(unit), Some((shape, tiles))) = (&u.qsa, plan.qsa)
+            && wanted("qsa")
+            && step(format!("qsa {} {}", unit.format, unit.shape))
+        {
+            tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
+                autotune::harness::qsa(g, &cfg, shape, plan.capacity)
+            })?;
+        }
+        if let (Some(unit), Some((shape, tiles))) = (&u.ple, plan.ple)
+            && wanted("ple")
+            && step(format!("ple {}", unit.format))
+        {
+            tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
+                autotune::harness::ple(g, &cfg, shape, formats.ple_table)
             })?;
         }
         if wanted("lm_head") && step(format!("lm_head {}", u.lm_head.format)) {
