@@ -2,10 +2,10 @@
 //!
 //! A table (`tuned/<device-slug>.json`) belongs to one device name and architecture. It holds one
 //! entry per tuning unit: a layer family (`moe`, `mix`, `gdn`, `lm_head`, `qsa`, `ple`) in one
-//! weight format at one shape. An entry names, per knob (one kernel's tile set, or the lm_head's waves), the kernel,
-//! its *version* (a hash of the kernel's CUDA at its default tiles and the DSL version: it changes
-//! whenever the kernel's code or the emitter changes) and the chosen tiles, and keeps every
-//! candidate that was tried with its resources and time.
+//! weight format at one shape. An entry names, per knob (one kernel's tile set, or the lm_head's
+//! waves), the kernel, its *version* (a hash of the kernel's CUDA at its default tiles and the DSL
+//! version: it changes whenever the kernel's code or the emitter changes) and the chosen tiles,
+//! and keeps every candidate that was tried with its resources and time.
 //!
 //! [`crate::step::StepPlan::for_device`] looks up each family the step uses. An entry is taken
 //! only whole: every knob's version current, every tile set among the kernel's declared ones, and

@@ -337,7 +337,7 @@ mod tests {
     /// GEMVs (a hundred-odd tile sets each, the GDN unit compiles the same kernel): every other
     /// candidate compiled and judged, the plan's tiles standing when clean; and the GEMVs' tile
     /// sets pruned by the launch checks alone where the shape refuses them (a split-K that does
-    /// not divide QSA's 2560 input columns; a split past PLE's 16-way scratch).
+    /// not divide the 2560 input columns of QSA's stacked projection or of PLE's).
     #[test]
     fn qsa_and_ple_units_enumerate_and_prune() {
         let plan = StepPlan::new(&ModelConfig::published(), Formats::NVFP4, 32_768).expect("plan");

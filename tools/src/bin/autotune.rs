@@ -20,15 +20,17 @@ use tools::autotune::{self, Target};
 /// weights are bf16 in both plans (one unit), timed at the last position of caches of `--context`
 /// tokens (32,768 by default: 8,192 blocks, past the budget of 512, so the top-k selects; the
 /// top-k kernel is the one the plan takes at that context, and names the unit); PLE's format is its
-/// table rows', read from pinned host memory mapped for the device. Each knob (one kernel's tiles; the lm_head's waves) enumerates
-/// its declared tile sets; those the launch's shape checks refuse are pruned, the rest compiled
-/// through NVRTC in parallel (and the kernel cache), and pruned again on the cubin's resources:
-/// spills, shared memory past the device's limit, a block the SM's registers cannot hold.
+/// table rows', read from pinned host memory mapped for the device. Each knob (one kernel's tiles;
+/// the lm_head's waves) enumerates its declared tile sets; those the launch's shape checks refuse
+/// are pruned, the rest compiled through NVRTC in parallel (and the kernel cache), and pruned again
+/// on the cubin's resources: spills, shared memory past the device's limit, a block the SM's
+/// registers cannot hold.
 ///
 /// Timed (default, on the GPU): coordinate descent from the plan's tiles, one knob at a time,
-/// each candidate checked against the CPU reference on one layer before its time counts (GDN: against
-/// the plan's tiles' output, which tests/gpu_gdn.rs checks against the reference); time per
-/// layer is the median of graph replays over ≥ 8 layers with distinct weights (beyond the L2).
+/// each candidate checked against the CPU reference on one layer before its time counts (GDN:
+/// against the plan's tiles' output, which tests/gpu_gdn.rs checks against the reference); time per
+/// layer is the median of graph replays over ≥ 8 layers with distinct weights (beyond the L2; PLE:
+/// the ids and every layer's gather on a side stream, joined, then the blocks, as the step runs).
 /// Units already in the output with current kernel versions are skipped, so an interrupted or
 /// budget-limited run resumes where it stopped. Progress goes to stderr.
 ///
