@@ -1,10 +1,23 @@
 //! Every tensor of the model, named, shape-checked and read into f32 for the CPU reference.
 //!
 //! A linear weight is bf16, f16 or f32, or NVFP4 in the ModelOpt layout (dequantised here).
+//!
+//! An NVFP4 weight is also kept as stored ([`ModelWeights::nvfp4`], by the linear's checkpoint
+//! name): its codes, block scales and global scale, so that the device can run the checkpoint's
+//! own values rather than a re-quantisation of the dequantised ones (which need not give back the
+//! same global scale, block scales or codes). Both forms are kept, not one made lazily from the
+//! other: the CPU reference, every bf16 upload and the blocks with no NVFP4 kernel read the f32
+//! values, and the stored form costs 0.5625 bytes a value beside the f32's 4 (a seventh more for
+//! those matrices, not twice). Dequantising lazily instead would save the f32 copy of the NVFP4
+//! matrices only by making [`Linear`] an enum that every reader and every test builds or matches,
+//! and the CPU reference would decode the codes at every product.
 //! Experts are read per expert (`experts.{e}.gate_proj.weight`, as checkpoints store them) or fused
 //! (`experts.gate_up_proj` [E, 2I, d], `experts.down_proj` [E, d, I], as transformers holds them).
 //! The n-gram table is read whole or from its shards; the hash buffers a checkpoint ships are
 //! checked against the ones derived from the config.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 
 use safetensors::Dtype;
 
@@ -125,12 +138,70 @@ pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
     pub final_mix: MixWeights,
     pub lm_head: Linear,
+    /// Every linear the checkpoint stores in NVFP4, as stored, by its name without `.weight`
+    /// (`model.layers.0.mlp.experts.3.gate_proj`, `lm_head`); its dequantised values are the
+    /// [`Linear`]'s `w`. Empty for a bf16 checkpoint.
+    pub nvfp4: BTreeMap<String, Nvfp4Matrix>,
+}
+
+/// The checkpoint names (without `.weight`) of the linears the step has NVFP4 kernels for, as the
+/// loader reads them: the upload finds their stored NVFP4 form by these.
+pub mod names {
+    /// Layer `l`'s prefix.
+    pub fn layer(l: usize) -> String {
+        format!("model.layers.{l}")
+    }
+
+    /// Layer `l`'s Gated Residual site before the token mixer (`attn`) or before the MoE.
+    pub fn mix_site(l: usize, attn: bool) -> String {
+        let site = if attn { "attn_hyper_connection" } else { "mlp_hyper_connection" };
+        format!("{}.{site}", layer(l))
+    }
+
+    /// The final mixer's site.
+    pub const FINAL_MIX: &str = "model.hyper_connection_mixer";
+
+    /// A mix site's three projections: down, up and inject.
+    pub fn mix_projections(site: &str) -> [String; 3] {
+        [
+            format!("{site}.input_mix_weight_down"),
+            format!("{site}.input_mix_weight_up"),
+            format!("{site}.block_inject_weight"),
+        ]
+    }
+
+    /// Layer `l`'s GDN input projections: qkv, z, b, a.
+    pub fn gdn_in_proj(l: usize) -> [String; 4] {
+        ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"].map(|p| format!("{}.linear_attn.{p}", layer(l)))
+    }
+
+    /// Layer `l`'s MoE block.
+    pub fn moe(l: usize) -> String {
+        format!("{}.mlp", layer(l))
+    }
+
+    /// Layer `l`'s routed expert `e`, or its shared expert for `None`.
+    pub fn expert(l: usize, e: Option<usize>) -> String {
+        match e {
+            Some(e) => format!("{}.experts.{e}", moe(l)),
+            None => format!("{}.shared_expert", moe(l)),
+        }
+    }
+
+    /// An expert's three projections: gate, up and down.
+    pub fn expert_projections(expert: &str) -> [String; 3] {
+        ["gate_proj", "up_proj", "down_proj"].map(|p| format!("{expert}.{p}"))
+    }
+
+    pub const LM_HEAD: &str = "lm_head";
 }
 
 /// Reads tensors by name with their expected shapes.
 struct Reader<'a> {
     ck: &'a Checkpoint,
     bias: bool,
+    /// The NVFP4 linears read so far, as stored.
+    nvfp4: RefCell<BTreeMap<String, Nvfp4Matrix>>,
 }
 
 impl Reader<'_> {
@@ -151,7 +222,10 @@ impl Reader<'_> {
         let name = format!("{prefix}.weight");
         let t = self.ck.require(&name)?;
         let w = if self.ck.contains(&format!("{name}_scale")) {
-            nvfp4(self.ck, &t, rows, cols)?
+            let m = nvfp4(self.ck, &t, rows, cols)?;
+            let w = m.dequantise();
+            self.nvfp4.borrow_mut().insert(prefix.to_owned(), m);
+            w
         } else {
             t.expect_shape(&[rows, cols])?;
             t.to_f32()?
@@ -162,27 +236,26 @@ impl Reader<'_> {
 
     fn mix(&self, prefix: &str, cfg: &ModelConfig, inject: bool) -> Result<MixWeights, CheckpointError> {
         let (n, r) = (cfg.residual_width(), cfg.hc_rank);
+        let [down, up, inject_name] = names::mix_projections(prefix);
         Ok(MixWeights {
             norm: self.vector(&format!("{prefix}.hc_norm.weight"), n)?,
-            down: self.linear(&format!("{prefix}.input_mix_weight_down"), r, n, false)?,
-            up: self.linear(&format!("{prefix}.input_mix_weight_up"), n, r, false)?,
-            inject: if inject {
-                Some(self.linear(&format!("{prefix}.block_inject_weight"), cfg.hc_streams, n, false)?)
-            } else {
-                None
-            },
+            down: self.linear(&down, r, n, false)?,
+            up: self.linear(&up, n, r, false)?,
+            inject: if inject { Some(self.linear(&inject_name, cfg.hc_streams, n, false)?) } else { None },
         })
     }
 
-    fn gdn(&self, p: &str, cfg: &ModelConfig) -> Result<GdnWeights, CheckpointError> {
+    fn gdn(&self, l: usize, cfg: &ModelConfig) -> Result<GdnWeights, CheckpointError> {
+        let p = format!("{}.linear_attn", names::layer(l));
         let d = cfg.hidden_size;
         let (hv, dv) = (cfg.linear_value_heads, cfg.linear_value_dim);
         let conv_dim = cfg.gdn_conv_dim();
+        let [qkv, z, b, a] = names::gdn_in_proj(l);
         Ok(GdnWeights {
-            in_qkv: self.linear(&format!("{p}.in_proj_qkv"), conv_dim, d, false)?,
-            in_z: self.linear(&format!("{p}.in_proj_z"), hv * dv, d, false)?,
-            in_b: self.linear(&format!("{p}.in_proj_b"), hv, d, false)?,
-            in_a: self.linear(&format!("{p}.in_proj_a"), hv, d, false)?,
+            in_qkv: self.linear(&qkv, conv_dim, d, false)?,
+            in_z: self.linear(&z, hv * dv, d, false)?,
+            in_b: self.linear(&b, hv, d, false)?,
+            in_a: self.linear(&a, hv, d, false)?,
             conv: self.tensor(&format!("{p}.conv1d.weight"), &[conv_dim, 1, cfg.linear_conv_kernel])?,
             dt_bias: self.vector(&format!("{p}.dt_bias"), hv)?,
             a_log: self.vector(&format!("{p}.A_log"), hv)?,
@@ -209,14 +282,16 @@ impl Reader<'_> {
     }
 
     fn expert(&self, p: &str, inter: usize, d: usize) -> Result<ExpertWeights, CheckpointError> {
+        let [gate, up, down] = names::expert_projections(p);
         Ok(ExpertWeights {
-            gate: self.linear(&format!("{p}.gate_proj"), inter, d, false)?,
-            up: self.linear(&format!("{p}.up_proj"), inter, d, false)?,
-            down: self.linear(&format!("{p}.down_proj"), d, inter, false)?,
+            gate: self.linear(&gate, inter, d, false)?,
+            up: self.linear(&up, inter, d, false)?,
+            down: self.linear(&down, d, inter, false)?,
         })
     }
 
-    fn moe(&self, p: &str, cfg: &ModelConfig) -> Result<MoeWeights, CheckpointError> {
+    fn moe(&self, l: usize, cfg: &ModelConfig) -> Result<MoeWeights, CheckpointError> {
+        let p = names::moe(l);
         let (d, e, inter) = (cfg.hidden_size, cfg.num_experts, cfg.expert_intermediate);
         let fused = format!("{p}.experts.gate_up_proj");
         let experts = if self.ck.contains(&fused) {
@@ -234,12 +309,12 @@ impl Reader<'_> {
                 })
                 .collect()
         } else {
-            (0..e).map(|x| self.expert(&format!("{p}.experts.{x}"), inter, d)).collect::<Result<Vec<_>, _>>()?
+            (0..e).map(|x| self.expert(&names::expert(l, Some(x)), inter, d)).collect::<Result<Vec<_>, _>>()?
         };
         Ok(MoeWeights {
             router: self.linear(&format!("{p}.gate"), e, d, false)?,
             experts,
-            shared: self.expert(&format!("{p}.shared_expert"), cfg.shared_intermediate, d)?,
+            shared: self.expert(&names::expert(l, None), cfg.shared_intermediate, d)?,
             shared_gate: self.linear(&format!("{p}.shared_expert_gate"), 1, d, false)?,
         })
     }
@@ -300,9 +375,9 @@ impl Reader<'_> {
     }
 }
 
-/// Dequantises `{name}` (u8 [rows, cols/2]) with `{name}_scale` (e4m3 [rows, cols/16]) and
-/// `{name}_scale_2` (f32, one value).
-fn nvfp4(ck: &Checkpoint, t: &TensorRef<'_>, rows: usize, cols: usize) -> Result<Vec<f32>, CheckpointError> {
+/// Reads `{name}` (u8 [rows, cols/2]) with `{name}_scale` (e4m3 [rows, cols/16]) and
+/// `{name}_scale_2` (f32, one value), as stored.
+fn nvfp4(ck: &Checkpoint, t: &TensorRef<'_>, rows: usize, cols: usize) -> Result<Nvfp4Matrix, CheckpointError> {
     if !cols.is_multiple_of(16) {
         return Err(CheckpointError(format!(
             "tensor `{}` is NVFP4 but has {cols} columns, not a multiple of 16",
@@ -332,8 +407,7 @@ fn nvfp4(ck: &Checkpoint, t: &TensorRef<'_>, rows: usize, cols: usize) -> Result
             scale_2.name, scale_2.shape
         )));
     }
-    let m = Nvfp4Matrix { rows, cols, packed: t.bytes.to_vec(), scales: scale.bytes.to_vec(), scale_2: s2[0] };
-    Ok(m.dequantise())
+    Ok(Nvfp4Matrix { rows, cols, packed: t.bytes.to_vec(), scales: scale.bytes.to_vec(), scale_2: s2[0] })
 }
 
 impl ModelWeights {
@@ -349,12 +423,12 @@ impl ModelWeights {
         ck: &Checkpoint,
         mut layer_done: impl FnMut(usize, usize),
     ) -> Result<ModelWeights, CheckpointError> {
-        let r = Reader { ck, bias: cfg.attention_bias };
+        let r = Reader { ck, bias: cfg.attention_bias, nvfp4: RefCell::default() };
         let d = cfg.hidden_size;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         let mut ple_index = 0;
         for (l, kind) in cfg.layer_kinds.iter().enumerate() {
-            let p = format!("model.layers.{l}");
+            let p = names::layer(l);
             let ple = if cfg.is_ple_layer(l) {
                 let w = r.ple(&format!("{p}.ple"), cfg, ple_index)?;
                 ple_index += 1;
@@ -363,25 +437,22 @@ impl ModelWeights {
                 None
             };
             let mixer = match kind {
-                LayerKind::Gdn => MixerWeights::Gdn(r.gdn(&format!("{p}.linear_attn"), cfg)?),
+                LayerKind::Gdn => MixerWeights::Gdn(r.gdn(l, cfg)?),
                 LayerKind::Qsa => MixerWeights::Qsa(r.qsa(&format!("{p}.self_attn"), cfg)?),
             };
             layers.push(LayerWeights {
                 ple,
-                attn_mix: r.mix(&format!("{p}.attn_hyper_connection"), cfg, true)?,
+                attn_mix: r.mix(&names::mix_site(l, true), cfg, true)?,
                 mixer,
-                mlp_mix: r.mix(&format!("{p}.mlp_hyper_connection"), cfg, true)?,
-                moe: r.moe(&format!("{p}.mlp"), cfg)?,
+                mlp_mix: r.mix(&names::mix_site(l, false), cfg, true)?,
+                moe: r.moe(l, cfg)?,
             });
             layer_done(l + 1, cfg.num_layers);
         }
-        Ok(ModelWeights {
-            config: cfg.clone(),
-            embed: r.tensor("model.embed_tokens.weight", &[cfg.vocab_size, d])?,
-            layers,
-            final_mix: r.mix("model.hyper_connection_mixer", cfg, false)?,
-            lm_head: r.linear("lm_head", cfg.vocab_size, d, false)?,
-        })
+        let embed = r.tensor("model.embed_tokens.weight", &[cfg.vocab_size, d])?;
+        let final_mix = r.mix(names::FINAL_MIX, cfg, false)?;
+        let lm_head = r.linear(names::LM_HEAD, cfg.vocab_size, d, false)?;
+        Ok(ModelWeights { config: cfg.clone(), embed, layers, final_mix, lm_head, nvfp4: r.nvfp4.into_inner() })
     }
 
     /// Reads `config.json` and the checkpoint in `dir`.

@@ -17,9 +17,9 @@ use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::ple_table::RowFormat;
 use crate::tuned;
 
-/// Which weights are kept in NVFP4 on the device (quantised at load from a bf16 checkpoint, or
-/// made so by the synthetic model); the rest stay bf16. Norms, convs, gates, the routers, QSA and
-/// the PLE projections are always bf16 or f32 (their kernels take those).
+/// Which weights are kept in NVFP4 on the device (an NVFP4 checkpoint's as stored, a bf16 one's
+/// quantised at load, or made so by the synthetic model); the rest stay bf16. Norms, convs, gates,
+/// the routers, QSA and the PLE projections are always bf16 or f32 (their kernels take those).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Formats {
     /// The routed and shared experts' gate, up and down projections.

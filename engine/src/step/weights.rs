@@ -1,6 +1,17 @@
 //! The whole model's weights on the device, each block in the layout its kernels read, made from
-//! the host weights of a checkpoint ([`ModelWeights`]) in the formats the plan asks for (NVFP4
-//! quantised here, at load, where asked).
+//! the host weights of a checkpoint ([`ModelWeights`]) in the formats the plan asks for.
+//!
+//! An NVFP4 matrix goes up as the checkpoint stores it where it does ([`ModelWeights::nvfp4`]):
+//! the engine's NVFP4 layout is ModelOpt's, matrix by matrix (codes [rows, cols/2] with the even
+//! element in the low nibble, e4m3 block scales [rows, cols/16] over 16 consecutive values of a
+//! row, one f32 global scale per matrix, which every NVFP4 kernel takes per matrix: an expert's
+//! gate, up and down, each mix projection, each GDN input projection, the lm_head). The blocks
+//! only stack whole matrices row after row, so the codes and scales are the stored bytes, unchanged.
+//! A weight the checkpoint stores in bf16 (or an NVFP4 one whose shape is not the one the step
+//! needs, said in a one-line notice) is quantised here, at load, from its values. Where bf16 is
+//! asked for, the dequantised values are rounded to bf16 (NVFP4 stored or not).
+
+use std::borrow::Cow;
 
 use half::bf16;
 
@@ -16,7 +27,7 @@ use crate::layers::qsa::QsaWeightsOnDevice;
 use crate::model::config::ModelConfig;
 use crate::model::ngram_hash::NgramHash;
 use crate::model::nvfp4::Nvfp4Matrix;
-use crate::model::weights::{Linear, MixWeights, MixerWeights, ModelWeights, MoeWeights};
+use crate::model::weights::{Linear, MixWeights, MixerWeights, ModelWeights, names};
 use crate::synthetic;
 
 /// One layer's token mixer.
@@ -81,11 +92,77 @@ fn to_bf16(v: &[f32]) -> Vec<bf16> {
     v.iter().map(|&x| bf16::from_f32(x)).collect()
 }
 
-fn quantise(l: &Linear) -> Nvfp4Matrix {
-    Nvfp4Matrix::quantise(&l.w, l.rows, l.cols)
+/// The NVFP4 form of the linear `name` whose values are `l`: the checkpoint's own where it stores
+/// one of `l`'s shape, else `l` quantised (its values first rounded to bf16 where `via_bf16`, as
+/// the mix sites have always quantised them).
+pub fn nvfp4_matrix<'a>(w: &'a ModelWeights, name: &str, l: &Linear, via_bf16: bool) -> Cow<'a, Nvfp4Matrix> {
+    if let Some(m) = w.nvfp4.get(name) {
+        if m.rows == l.rows && m.cols == l.cols {
+            return Cow::Borrowed(m);
+        }
+        eprintln!(
+            "NVFP4 `{name}` is stored [{}, {}] where the step needs [{}, {}]: quantised again from its values",
+            m.rows, m.cols, l.rows, l.cols
+        );
+    }
+    Cow::Owned(if via_bf16 {
+        Nvfp4Matrix::quantise(&l.w.iter().map(|&x| bf16::from_f32(x).to_f32()).collect::<Vec<_>>(), l.rows, l.cols)
+    } else {
+        Nvfp4Matrix::quantise(&l.w, l.rows, l.cols)
+    })
 }
 
-fn mix_on_device(gpu: &Gpu, w: &MixWeights, shape: MixShape, nvfp4: bool) -> Result<MixWeightsOnDevice> {
+/// A mix site's NVFP4 matrices as they go up: down, up, and inject where the site has one.
+#[derive(Debug)]
+pub struct MixNvfp4<'a> {
+    pub down: Cow<'a, Nvfp4Matrix>,
+    pub up: Cow<'a, Nvfp4Matrix>,
+    pub inject: Option<Cow<'a, Nvfp4Matrix>>,
+}
+
+/// The NVFP4 matrices of the mix site `site` ([`names::mix_site`], [`names::FINAL_MIX`]).
+pub fn mix_nvfp4<'a>(w: &'a ModelWeights, site: &str, m: &MixWeights) -> MixNvfp4<'a> {
+    let [down, up, inject] = names::mix_projections(site);
+    MixNvfp4 {
+        down: nvfp4_matrix(w, &down, &m.down, true),
+        up: nvfp4_matrix(w, &up, &m.up, true),
+        inject: m.inject.as_ref().map(|l| nvfp4_matrix(w, &inject, l, true)),
+    }
+}
+
+/// Layer `l`'s experts in NVFP4, stacked as the MoE kernels read them.
+pub fn moe_nvfp4(w: &ModelWeights, l: usize) -> StackedNvfp4 {
+    let moe = &w.layers[l].moe;
+    let expert = |x: &crate::model::weights::ExpertWeights, e: Option<usize>| {
+        let [gate, up, down] = names::expert_projections(&names::expert(l, e));
+        ExpertNvfp4 {
+            gate: nvfp4_matrix(w, &gate, &x.gate, false).into_owned(),
+            up: nvfp4_matrix(w, &up, &x.up, false).into_owned(),
+            down: nvfp4_matrix(w, &down, &x.down, false).into_owned(),
+        }
+    };
+    let experts: Vec<ExpertNvfp4> = moe.experts.iter().enumerate().map(|(e, x)| expert(x, Some(e))).collect();
+    StackedNvfp4::stack(&experts, &expert(&moe.shared, None))
+}
+
+/// Layer `l`'s GDN input projections (qkv, z, b, a) in NVFP4; None if it is not a GDN layer.
+pub fn gdn_in_proj_nvfp4(w: &ModelWeights, l: usize) -> Option<[Cow<'_, Nvfp4Matrix>; 4]> {
+    let MixerWeights::Gdn(g) = &w.layers[l].mixer else { return None };
+    let [qkv, z, b, a] = names::gdn_in_proj(l);
+    Some([
+        nvfp4_matrix(w, &qkv, &g.in_qkv, false),
+        nvfp4_matrix(w, &z, &g.in_z, false),
+        nvfp4_matrix(w, &b, &g.in_b, false),
+        nvfp4_matrix(w, &a, &g.in_a, false),
+    ])
+}
+
+/// The lm_head in NVFP4.
+pub fn lm_head_nvfp4(w: &ModelWeights) -> Cow<'_, Nvfp4Matrix> {
+    nvfp4_matrix(w, names::LM_HEAD, &w.lm_head, false)
+}
+
+fn check_mix(w: &MixWeights, shape: MixShape) -> Result<()> {
     if w.norm.len() != shape.width() || w.down.rows != shape.rank || w.inject.is_some() != shape.inject {
         return Err(Error::Buffer(format!(
             "a Gated Residual site with a norm of {} and rank {} where the config says {} and {}",
@@ -95,21 +172,35 @@ fn mix_on_device(gpu: &Gpu, w: &MixWeights, shape: MixShape, nvfp4: bool) -> Res
             shape.rank
         )));
     }
-    if !nvfp4 {
-        return MixWeightsOnDevice::upload(gpu, w, shape.streams);
-    }
-    let inject = w.inject.as_ref().map(|l| to_bf16(&l.w));
-    MixWeightsOnDevice::upload_quantised(
-        gpu,
-        shape,
-        &to_bf16(&w.norm),
-        &to_bf16(&w.down.w),
-        &to_bf16(&w.up.w),
-        inject.as_deref(),
-    )
+    Ok(())
 }
 
-fn moe_on_device(gpu: &Gpu, w: &MoeWeights, shape: MoeShape, nvfp4: bool) -> Result<MoeWeightsOnDevice> {
+/// The mix site `site` ([`names::mix_site`], [`names::FINAL_MIX`]) of `w`, whose weights are
+/// `m`, on the device, its projections in NVFP4 where `nvfp4`.
+fn mix_on_device(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    m: &MixWeights,
+    site: &str,
+    shape: MixShape,
+    nvfp4: bool,
+) -> Result<MixWeightsOnDevice> {
+    check_mix(m, shape)?;
+    if !nvfp4 {
+        return MixWeightsOnDevice::upload(gpu, m, shape.streams);
+    }
+    let q = mix_nvfp4(w, site, m);
+    MixWeightsOnDevice::upload_nvfp4(gpu, shape, &to_bf16(&m.norm), &q.down, &q.up, q.inject.as_deref())
+}
+
+fn moe_on_device(
+    gpu: &Gpu,
+    weights: &ModelWeights,
+    l: usize,
+    shape: MoeShape,
+    nvfp4: bool,
+) -> Result<MoeWeightsOnDevice> {
+    let w = &weights.layers[l].moe;
     let e = shape.experts;
     let experts_fit = w.experts.len() == e
         && w.experts.iter().all(|x| x.gate.rows == shape.inter && x.down.cols == shape.inter)
@@ -125,14 +216,7 @@ fn moe_on_device(gpu: &Gpu, w: &MoeWeights, shape: MoeShape, nvfp4: bool) -> Res
     let router = to_bf16(&w.router.w);
     let shared_gate = to_bf16(&w.shared_gate.w);
     if nvfp4 {
-        let q = |x: &crate::model::weights::ExpertWeights| ExpertNvfp4 {
-            gate: quantise(&x.gate),
-            up: quantise(&x.up),
-            down: quantise(&x.down),
-        };
-        let experts: Vec<ExpertNvfp4> = w.experts.iter().map(q).collect();
-        let stacked = StackedNvfp4::stack(&experts, &q(&w.shared));
-        MoeWeightsOnDevice::upload_nvfp4(gpu, shape, &router, &shared_gate, &stacked)
+        MoeWeightsOnDevice::upload_nvfp4(gpu, shape, &router, &shared_gate, &moe_nvfp4(weights, l))
     } else {
         let all = || w.experts.iter().chain(std::iter::once(&w.shared));
         let gate_up: Vec<bf16> = all().flat_map(|x| to_bf16(&x.gate.w).into_iter().chain(to_bf16(&x.up.w))).collect();
@@ -216,7 +300,7 @@ impl ModelOnDevice {
         for (l, lw) in w.layers.iter().enumerate() {
             let mixer = match (&lw.mixer, &plan.gdn, &plan.qsa) {
                 (MixerWeights::Gdn(g), Some((shape, _)), _) => MixerOnDevice::Gdn(if f.gdn_in_proj {
-                    let m = [quantise(&g.in_qkv), quantise(&g.in_z), quantise(&g.in_b), quantise(&g.in_a)];
+                    let m = gdn_in_proj_nvfp4(w, l).expect("a GDN layer");
                     GdnWeightsOnDevice::upload_nvfp4(gpu, *shape, [&m[0], &m[1], &m[2], &m[3]], g)?
                 } else {
                     GdnWeightsOnDevice::upload_bf16(gpu, *shape, g)?
@@ -239,10 +323,10 @@ impl ModelOnDevice {
             };
             layers.push(LayerOnDevice {
                 ple,
-                attn_mix: mix_on_device(gpu, &lw.attn_mix, plan.mix, f.mix)?,
+                attn_mix: mix_on_device(gpu, w, &lw.attn_mix, &names::mix_site(l, true), plan.mix, f.mix)?,
                 mixer,
-                mlp_mix: mix_on_device(gpu, &lw.mlp_mix, plan.mix, f.mix)?,
-                moe: moe_on_device(gpu, &lw.moe, plan.moe, f.experts)?,
+                mlp_mix: mix_on_device(gpu, w, &lw.mlp_mix, &names::mix_site(l, false), plan.mix, f.mix)?,
+                moe: moe_on_device(gpu, w, l, plan.moe, f.experts)?,
             });
             progress(l + 1, total);
         }
@@ -274,7 +358,7 @@ impl ModelOnDevice {
             })
         };
         let lm_head = if f.lm_head {
-            LmHead::nvfp4(gpu, &quantise(&w.lm_head), plan.lm_head_tiles)?
+            LmHead::nvfp4(gpu, &lm_head_nvfp4(w), plan.lm_head_tiles)?
         } else {
             LmHead::bf16(gpu, &to_bf16(&w.lm_head.w), vocab, d, plan.lm_head_tiles)?
         };
@@ -282,7 +366,7 @@ impl ModelOnDevice {
             embed: gpu.upload(&to_bf16(&w.embed))?,
             vocab,
             layers,
-            final_mix: mix_on_device(gpu, &w.final_mix, plan.final_mix, f.mix)?,
+            final_mix: mix_on_device(gpu, w, &w.final_mix, names::FINAL_MIX, plan.final_mix, f.mix)?,
             lm_head,
             ple,
         })
