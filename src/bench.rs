@@ -325,7 +325,33 @@ pub fn format_utc(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::format_utc;
+    use super::{Record, Recorder, Sample, Unit, format_utc};
+
+    #[test]
+    fn a_sample_becomes_a_record_and_round_trips() {
+        let rec = Recorder {
+            bench: "moe".into(),
+            device: "NVIDIA H200".into(),
+            arch: "sm_90".into(),
+            copy_bw: Some(4.0e12),
+            file: None,
+        };
+        // 8 layers in 80 µs; 4.27 MB a layer: 1 µs at 4.27 TB/s, 10% of it.
+        let r = rec.make(
+            Sample::new("layer", "nvfp4", Unit::Layer, (80e-6, 72e-6, 88e-6)).per(8).bytes(4_270_000).launches(3),
+        );
+        assert!((r.median_us - 10.0).abs() < 1e-9 && (r.p10_us.unwrap() - 9.0).abs() < 1e-9);
+        assert!((r.floor_ref_us.unwrap() - 1.0).abs() < 1e-9 && (r.fraction.unwrap() - 0.1).abs() < 1e-9);
+        assert!((r.floor_copy_us.unwrap() - 1.0675).abs() < 1e-9 && r.copy_gb_s == Some(4000.0));
+        assert!((r.gb_per_s().unwrap() - 427.0).abs() < 1e-9);
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"unit\":\"per layer\"") && !json.contains("notes"), "{json}");
+        assert_eq!(serde_json::from_str::<Record>(&json).unwrap(), r);
+        // A median alone has no percentiles; no bytes, no floors.
+        let m = rec.make(Sample::median("sweep Router", "Tiles { .. }", Unit::Layer, 5e-6));
+        assert!(m.p10_us.is_none() && m.bytes.is_none() && m.fraction.is_none());
+        assert!(r.line().contains("10.00 us per layer (p10 9.00, p90 11.00), 3 launches, 4.27 MB, 427 GB/s, 10.0%"));
+    }
 
     #[test]
     fn utc_dates() {
