@@ -21,9 +21,9 @@
 //! Each line gives the time per layer (median, p10, p90 of the replays), the bytes, the rate,
 //! its fraction of 4.27 TB/s and of the device-to-device copy bandwidth measured in the same run,
 //! and the byte floor; the GB10 projection divides the same bytes by 230 GB/s (a projection, not a
-//! measurement). Lines go to stdout and to $OUT/bench-gdn.jsonl (or target/bench-gdn.jsonl).
+//! measurement). Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-gdn.jsonl
+//! (or target/bench-gdn.jsonl).
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -39,7 +39,7 @@ use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice,
     InProjOnDevice, NormAt, Stage,
 };
-use flashnext::bench::replay_times;
+use flashnext::bench::{GB10_STREAMING_BYTES_PER_S, H200_REFERENCE_BYTES_PER_S, Recorder, Sample, Unit, replay_times};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -56,8 +56,6 @@ const SHAPE: GdnShape = GdnShape {
 };
 const LAYERS: usize = 8;
 const STATE_LAYERS: usize = 36;
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
-const GB10_STREAMING_BYTES_PER_S: f64 = 230e9;
 
 /// Fills words with a hash of (seed, index), masked: random bits at device speed.
 #[kernel(block = 256, grid = div_ceil(n, 256))]
@@ -137,46 +135,21 @@ struct Line<'a> {
     times: (f64, f64, f64),
 }
 
-/// Where lines go, and the device's figures they quote.
-struct Sink {
-    copy_bw: f64,
-    device: String,
-    jsonl: Option<std::fs::File>,
-}
+/// Where records go: the one writer of every bench.
+type Sink = Recorder;
 
+/// One record a line: the group from the line's bench ("gdn-layer" → "layer"; a sweep's from
+/// what it times, "sweep InProj"), the case its label.
 fn report(l: &Line<'_>, out: &mut Sink) {
-    let (copy_bw, device) = (out.copy_bw, out.device.as_str());
-    let n = l.layers as f64;
-    let (median, p10, p90) = (l.times.0 / n, l.times.1 / n, l.times.2 / n);
-    let rate = l.bytes as f64 / median;
-    println!(
-        "{}: {:.2} us per layer (p10 {:.2}, p90 {:.2}), {} launch{}, {:.2} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; H200 floor {:.2} us, GB10 floor {:.1} us (projection at 230 GB/s)",
-        l.label,
-        median * 1e6,
-        p10 * 1e6,
-        p90 * 1e6,
-        l.launches_per_layer,
-        if l.launches_per_layer == 1 { "" } else { "es" },
-        l.bytes as f64 / 1e6,
-        rate / 1e9,
-        100.0 * rate / H200_REFERENCE_BYTES_PER_S,
-        100.0 * rate / copy_bw,
-        l.bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
-        l.bytes as f64 / GB10_STREAMING_BYTES_PER_S * 1e6,
-    );
-    if let Some(f) = out.jsonl.as_mut() {
-        let _ = writeln!(
-            f,
-            "{{\"bench\":\"{}\",\"label\":\"{}\",\"device\":\"{device}\",\"us_per_layer\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{},\"launches\":{},\"copy_bw\":{copy_bw:.0}}}",
-            l.bench,
-            l.label,
-            median * 1e6,
-            p10 * 1e6,
-            p90 * 1e6,
-            l.bytes,
-            l.launches_per_layer
-        );
+    let mut group = l.bench.trim_start_matches("gdn-").replace('-', " ");
+    let mut case = l.label.trim().trim_start_matches("gdn ");
+    if let ("sweep", Some((what, tiles))) = (group.as_str(), case.split_once(": ")) {
+        group = format!("sweep {what}");
+        case = tiles;
     }
+    out.record(
+        Sample::new(group, case, Unit::Layer, l.times).per(l.layers).bytes(l.bytes).launches(l.launches_per_layer),
+    );
 }
 
 fn capture(gpu: &Gpu, launches: &[GdnLaunches], k: &GdnKernels, stages: &[Stage]) -> Graph {
@@ -212,9 +185,7 @@ fn bench_gdn(c: &mut Criterion) {
     };
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
     println!("device {}: device-to-device copy {:.2} TB/s (read + write)", gpu.info().name, copy_bw / 1e12);
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-gdn.jsonl")).ok();
-    let mut out = Sink { copy_bw, device: gpu.info().name.clone(), jsonl };
+    let mut out = Recorder::new(&gpu, "gdn", Some(copy_bw));
     let mut rng = Rng::fresh("gdn bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
     // The three places of the gated norm: in out_proj's prologue (the delta rule), in the state
@@ -524,7 +495,7 @@ fn sweep(
         report(
             &Line {
                 bench: "gdn-sweep",
-                label: format!("  sweep {what} {label}"),
+                label: format!("{what}: {label}"),
                 layers: launches.len(),
                 launches_per_layer: stages.len(),
                 bytes,

@@ -4,22 +4,19 @@
 //!
 //! Besides criterion's report, each case prints one line: median and spread per launch, the
 //! bytes it must move, GB/s, and the fraction of the device's copy bandwidth measured in the same
-//! run. The lines also go to $OUT/bench-gemv.jsonl (or target/bench-gemv.jsonl).
+//! run. The records also go to $OUT/bench-gemv.jsonl (or target/bench-gemv.jsonl), in the schema of
+//! `flashnext::bench::Record`.
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::gemv_bf16::gemv_bf16;
-use flashnext::bench::percentile;
+use flashnext::bench::{Recorder, Sample, Unit, percentile};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::TileSet;
-
-/// The H200's read bandwidth as GPU.md measured it; the target is 80% of it.
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
 
 struct Case {
     rows: usize,
@@ -125,8 +122,7 @@ fn bench_gemv(c: &mut Criterion) {
         info.l2_bytes >> 20,
         copy_bw / 1e12
     );
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let mut jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-gemv.jsonl")).ok();
+    let mut rec = Recorder::new(&gpu, "gemv", Some(copy_bw));
     let mut rng = Rng::fresh("gemv bench");
 
     let mut group = c.benchmark_group("gemv_bf16");
@@ -150,29 +146,13 @@ fn bench_gemv(c: &mut Criterion) {
                 .collect();
             per_launch.sort_by(f64::total_cmp);
             let median = percentile(&per_launch, 0.5);
-            let rate = bytes as f64 / median;
-            let line = format!(
-                "gemv_bf16 {rows}x{cols} {label:<8} median {:7.2} us (p10 {:.2}, p90 {:.2})  {:6.0} GB/s  {:5.1}% of measured copy BW, {:5.1}% of 4.27 TB/s",
-                median * 1e6,
-                percentile(&per_launch, 0.1) * 1e6,
-                percentile(&per_launch, 0.9) * 1e6,
-                rate / 1e9,
-                100.0 * rate / copy_bw,
-                100.0 * rate / H200_REFERENCE_BYTES_PER_S
+            let times = (median, percentile(&per_launch, 0.1), percentile(&per_launch, 0.9));
+            rec.record(
+                Sample::new("gemv_bf16", format!("{rows}x{cols} {label}"), Unit::Launch, times)
+                    .bytes(bytes)
+                    .launches(1)
+                    .notes(format!("{tiles:?}")),
             );
-            println!("{line}");
-            if let Some(f) = jsonl.as_mut() {
-                let _ = writeln!(
-                    f,
-                    "{{\"kernel\":\"gemv_bf16\",\"shape\":\"{rows}x{cols}\",\"variant\":\"{label}\",\"tiles\":\"{tiles:?}\",\"device\":\"{}\",\"median_us\":{:.3},\"p10_us\":{:.3},\"p90_us\":{:.3},\"bytes\":{bytes},\"gb_per_s\":{:.1},\"copy_bw_gb_per_s\":{:.1}}}",
-                    info.name,
-                    median * 1e6,
-                    percentile(&per_launch, 0.1) * 1e6,
-                    percentile(&per_launch, 0.9) * 1e6,
-                    rate / 1e9,
-                    copy_bw / 1e9
-                );
-            }
             group.throughput(Throughput::Bytes(bytes as u64));
             group.bench_function(format!("{rows}x{cols}/{label}"), |bench| {
                 bench.iter_custom(|iters| {

@@ -5,10 +5,9 @@
 //! Each line: median and spread per launch, the bytes it must read (weights, x) and write
 //! (logits), GB/s, the fraction of 4.27 TB/s and of the copy bandwidth measured in the same run,
 //! and the floors on the H200 and on the GB10 (230 GB/s; a projection, not a measurement). Every
-//! tile candidate and grid size runs unless FLASHNEXT_BENCH_NO_SWEEP is set. Lines also go to
-//! $OUT/bench-lm_head.jsonl (or target/bench-lm_head.jsonl).
+//! tile candidate and grid size runs unless FLASHNEXT_BENCH_NO_SWEEP is set. Records
+//! (`flashnext::bench::Record`) also go to $OUT/bench-lm_head.jsonl (or target/bench-lm_head.jsonl).
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -17,12 +16,10 @@ use engine::cuda::{DeviceBuffer, Gpu};
 use engine::kernels::lm_head::{lm_head_argmax_bf16, lm_head_argmax_nvfp4};
 use engine::layers::lm_head::{LmHead, LmHeadTiles};
 use engine::model::nvfp4::Nvfp4Matrix;
-use flashnext::bench::replay_times;
+use flashnext::bench::{Recorder, Sample, Unit, replay_times};
 use half::bf16;
 use kernel_dsl::TileSet;
 
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
-const GB10_BYTES_PER_S: f64 = 230e9;
 const VOCAB: usize = 248_320;
 const HIDDEN: usize = 2560;
 
@@ -62,40 +59,14 @@ fn nvfp4_weights() -> Nvfp4Matrix {
     Nvfp4Matrix { rows: VOCAB, cols: HIDDEN, packed, scales, scale_2: 0.01 }
 }
 
-struct Sink {
-    jsonl: Option<std::fs::File>,
-    device: String,
-    copy_bw: f64,
-}
+/// Where records go: the one writer of every bench.
+type Sink = Recorder;
 
-impl Sink {
-    fn record(&mut self, what: &str, t: (f64, f64, f64), bytes: usize) {
-        let (median, p10, p90) = t;
-        let rate = bytes as f64 / median;
-        println!(
-            "lm_head {what}: {:.2} us (p10 {:.2}, p90 {:.2}), {:.1} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; H200 floor {:.2} us, GB10 floor (projection) {:.1} us",
-            median * 1e6,
-            p10 * 1e6,
-            p90 * 1e6,
-            bytes as f64 / 1e6,
-            rate / 1e9,
-            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
-            100.0 * rate / self.copy_bw,
-            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
-            bytes as f64 / GB10_BYTES_PER_S * 1e6,
-        );
-        if let Some(f) = self.jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"lm_head\",\"what\":\"{what}\",\"device\":\"{}\",\"us\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"copy_bw\":{:.0}}}",
-                self.device,
-                median * 1e6,
-                p10 * 1e6,
-                p90 * 1e6,
-                self.copy_bw
-            );
-        }
-    }
+/// The record of one lm_head: group `default` at the default tiles and grid, `sweep <format>`
+/// otherwise.
+fn record(sink: &mut Sink, format: &str, default: bool, tiles: String, times: (f64, f64, f64), bytes: usize) {
+    let group = if default { "default".to_owned() } else { format!("sweep {format}") };
+    sink.record(Sample::new(group, format, Unit::Launch, times).bytes(bytes).launches(1).notes(tiles));
 }
 
 /// Times one lm_head: replays of a graph of one launch; the bytes it must move.
@@ -118,9 +89,7 @@ fn bench_lm_head(c: &mut Criterion) {
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
     let device = gpu.info().name.clone();
     println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-lm_head.jsonl")).ok();
-    let mut sink = Sink { jsonl, device, copy_bw };
+    let mut sink = Recorder::new(&gpu, "lm_head", Some(copy_bw));
     let sweep = std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none();
     let x = gpu.upload(&bf16_weights(HIDDEN)).expect("x");
     let waves: &[u32] = if sweep { &[1, 2, 4, 8, 16] } else { &[8] };
@@ -139,7 +108,8 @@ fn bench_lm_head(c: &mut Criterion) {
                 let t = LmHeadTiles { bf16: tiles, waves: wv, ..LmHeadTiles::default() };
                 let mut head = LmHead::bf16(&gpu, &w, VOCAB, HIDDEN, t).expect("lm_head");
                 let (times, bytes) = time(&gpu, &mut head, &x);
-                sink.record(&format!("bf16 {tiles:?} {} blocks", head.blocks()), times, bytes);
+                let default = tiles == lm_head_argmax_bf16::Tiles::DEFAULT && wv == LmHeadTiles::default().waves;
+                record(&mut sink, "bf16", default, format!("{tiles:?} {} blocks", head.blocks()), times, bytes);
             }
         }
     }
@@ -156,7 +126,8 @@ fn bench_lm_head(c: &mut Criterion) {
             let t = LmHeadTiles { nvfp4: tiles, waves: wv, ..LmHeadTiles::default() };
             let mut head = LmHead::nvfp4(&gpu, &m, t).expect("lm_head");
             let (times, bytes) = time(&gpu, &mut head, &x);
-            sink.record(&format!("nvfp4 {tiles:?} {} blocks", head.blocks()), times, bytes);
+            let default = tiles == lm_head_argmax_nvfp4::Tiles::DEFAULT && wv == LmHeadTiles::default().waves;
+            record(&mut sink, "nvfp4", default, format!("{tiles:?} {} blocks", head.blocks()), times, bytes);
         }
     }
 

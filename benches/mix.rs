@@ -8,9 +8,9 @@
 //! The kernels launch overlapped (each starts before its predecessor ends and streams its weights
 //! meanwhile); FLASHNEXT_NO_PDL=1 times them as plain launches, for comparison.
 //!
-//! Lines go to stdout and to $OUT/bench-mix.jsonl (or target/bench-mix.jsonl).
+//! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-mix.jsonl (or
+//! target/bench-mix.jsonl).
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -20,7 +20,7 @@ use engine::kernels::mix::{mix_down_bf16, mix_down_nvfp4, mix_up_bf16, mix_up_nv
 use engine::layers::mix::{
     MixIo, MixKernels, MixLaunches, MixMatrices, MixScratch, MixShape, MixTiles, MixWeightsOnDevice, Stage,
 };
-use flashnext::bench::replay_times;
+use flashnext::bench::{Recorder, Sample, Unit, replay_times};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -29,7 +29,6 @@ use kernel_macros::kernel;
 const SHAPE: MixShape = MixShape { streams: 4, hidden: 2560, rank: 320, inject: true };
 const SITES: usize = 48;
 const EPS: f32 = 1e-6;
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
 /// What streaming kernels reach on a GB10 (ARCHITECTURE.md): the projection's bandwidth.
 const GB10_STREAM_BYTES_PER_S: f64 = 230e9;
 
@@ -123,8 +122,7 @@ fn bench_mix(c: &mut Criterion) {
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
     let name = gpu.info().name.clone();
     println!("device {name}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let mut jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-mix.jsonl")).ok();
+    let mut rec = Recorder::new(&gpu, "mix", Some(copy_bw));
     let mut rng = Rng::fresh("mix bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
     let kernels = MixKernels::load(&gpu, MixTiles::default()).expect("compile");
@@ -166,41 +164,21 @@ fn bench_mix(c: &mut Criterion) {
         }
 
         let bytes = SHAPE.bytes_moved(nvfp4);
-        let floor = bytes as f64 / H200_REFERENCE_BYTES_PER_S;
         let (median, p10, p90) = replay_times(&gpu, &whole, 100);
-        let per_site = median / SITES as f64;
-        let rate = bytes as f64 / per_site;
-        let fraction_of_copy = rate / copy_bw;
-        let gb10 = bytes as f64 / (fraction_of_copy * GB10_STREAM_BYTES_PER_S);
-        let line = format!(
-            "mix {format} site: {:.2} us per site (p10 {:.2}, p90 {:.2}), {per_site_launches} launches per site, {:.2} MB moved \
-             ({:.2} MB weights), {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; floor {:.2} us at 4.27 TB/s; \
-             GB10 projection {:.1} us (same fraction of {:.0} GB/s; floor there {:.1} us)",
-            per_site * 1e6,
-            p10 / SITES as f64 * 1e6,
-            p90 / SITES as f64 * 1e6,
-            bytes as f64 / 1e6,
-            SHAPE.weight_bytes(nvfp4) as f64 / 1e6,
-            rate / 1e9,
-            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
-            100.0 * fraction_of_copy,
-            floor * 1e6,
-            gb10 * 1e6,
-            GB10_STREAM_BYTES_PER_S / 1e9,
-            bytes as f64 / GB10_STREAM_BYTES_PER_S * 1e6,
+        let r = rec.record(
+            Sample::new("site", format, Unit::Site, (median, p10, p90))
+                .per(SITES)
+                .bytes(bytes)
+                .launches(per_site_launches)
+                .notes(format!("launches overlapped: {}", gpu.overlaps_launches())),
         );
-        println!("{line}");
-        if let Some(f) = jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"mix\",\"format\":\"{format}\",\"device\":\"{name}\",\"us_per_site\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"launches_per_site\":{per_site_launches},\"copy_bw\":{copy_bw:.0},\"gb10_projection_us\":{:.2},\"overlapped\":{}}}",
-                per_site * 1e6,
-                p10 / SITES as f64 * 1e6,
-                p90 / SITES as f64 * 1e6,
-                gb10 * 1e6,
-                gpu.overlaps_launches()
-            );
-        }
+        let fraction_of_copy = bytes as f64 / (r.median_us * 1e-6) / copy_bw;
+        println!(
+            "  {:.2} MB of it weights; GB10 projection {:.1} us (the same fraction of {:.0} GB/s)",
+            SHAPE.weight_bytes(nvfp4) as f64 / 1e6,
+            bytes as f64 / (fraction_of_copy * GB10_STREAM_BYTES_PER_S) * 1e6,
+            GB10_STREAM_BYTES_PER_S / 1e9,
+        );
         group.throughput(Throughput::Bytes((bytes * SITES) as u64));
         group.bench_function(format!("{format}/{SITES}-sites"), |b| {
             let t = EventTimer::new(&gpu).expect("events");
@@ -224,28 +202,17 @@ fn bench_mix(c: &mut Criterion) {
         ];
         for (stage, label, part_bytes) in parts {
             let (g, _) = capture(&gpu, &kernels, &launches, &[stage]);
-            let (median, p10, p90) = replay_times(&gpu, &g, 50);
-            let per = median / SITES as f64;
-            println!(
-                "  mix {format} {label:<4} {:.2} us (p10 {:.2}, p90 {:.2}), {:.2} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s",
-                per * 1e6,
-                p10 / SITES as f64 * 1e6,
-                p90 / SITES as f64 * 1e6,
-                part_bytes as f64 / 1e6,
-                part_bytes as f64 / per / 1e9,
-                100.0 * part_bytes as f64 / per / H200_REFERENCE_BYTES_PER_S
+            let times = replay_times(&gpu, &g, 50);
+            rec.record(
+                Sample::new("kernel", format!("{format} {label}"), Unit::Site, times)
+                    .per(SITES)
+                    .bytes(part_bytes)
+                    .launches(1),
             );
-            if let Some(f) = jsonl.as_mut() {
-                let _ = writeln!(
-                    f,
-                    "{{\"bench\":\"mix-{label}\",\"format\":\"{format}\",\"device\":\"{name}\",\"us\":{:.3},\"bytes\":{part_bytes}}}",
-                    per * 1e6
-                );
-            }
         }
         // FLASHNEXT_BENCH_NO_SWEEP=1 skips the tile sweep (it compiles every candidate on the device).
         if std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none() {
-            sweep(&gpu, &launches, nvfp4, &mut jsonl, &name);
+            sweep(&gpu, &launches, nvfp4, &mut rec);
         }
     }
     group.finish();
@@ -253,7 +220,7 @@ fn bench_mix(c: &mut Criterion) {
 
 /// Every candidate tile set of each kernel of one format (the other kernels at their defaults),
 /// timed as the whole 48-site graph: the tile space the autotuner will search, measured.
-fn sweep(gpu: &Gpu, launches: &[MixLaunches], nvfp4: bool, jsonl: &mut Option<std::fs::File>, device: &str) {
+fn sweep(gpu: &Gpu, launches: &[MixLaunches], nvfp4: bool, rec: &mut Recorder) {
     let base = MixTiles::default();
     let mut variants: Vec<(&str, String, MixTiles)> = Vec::new();
     if nvfp4 {
@@ -292,13 +259,9 @@ fn sweep(gpu: &Gpu, launches: &[MixLaunches], nvfp4: bool, jsonl: &mut Option<st
         for (_, us, label) in r.iter().take(4) {
             println!("    {us:7.2} us  {label}");
         }
-        if let Some(f) = jsonl.as_mut() {
-            for (_, us, label) in &r {
-                let _ = writeln!(
-                    f,
-                    "{{\"bench\":\"mix-sweep\",\"format\":\"{format}\",\"kernel\":\"{kernel}\",\"device\":\"{device}\",\"us\":{us:.3},\"tiles\":\"{label}\"}}"
-                );
-            }
+        for (_, us, label) in &r {
+            let group = format!("sweep {format} {kernel}");
+            rec.record_quietly(Sample::median(group, label.as_str(), Unit::Site, us * 1e-6).launches(2));
         }
     }
 }

@@ -3,9 +3,9 @@
 //! the device), captured as one CUDA graph of 24 launches and replayed; the time per layer against
 //! the bytes a layer must read. Each kernel is also timed alone, in a graph of its eight launches.
 //!
-//! Lines go to stdout and to $OUT/bench-moe.jsonl (or target/bench-moe.jsonl).
+//! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-moe.jsonl (or
+//! target/bench-moe.jsonl).
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -14,7 +14,7 @@ use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::moe::{
     ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice, Stage,
 };
-use flashnext::bench::replay_times;
+use flashnext::bench::{Recorder, Sample, Unit, replay_times};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
@@ -23,7 +23,6 @@ use kernel_macros::kernel;
 const SHAPE: MoeShape =
     MoeShape { hidden: 2560, experts: 512, top_k: 10, inter: 640, shared_inter: 640, renormalise: true };
 const LAYERS: usize = 8;
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
 
 /// Fills words with a hash of (seed, index), masked: random bits at device speed.
 #[kernel(block = 256, grid = div_ceil(n, 256))]
@@ -121,8 +120,7 @@ fn bench_moe(c: &mut Criterion) {
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
     let name = gpu.info().name.clone();
     println!("device {name}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let mut jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-moe.jsonl")).ok();
+    let mut rec = Recorder::new(&gpu, "moe", Some(copy_bw));
     let mut rng = Rng::fresh("moe bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
     let kernels = MoeKernels::load(&gpu, MoeTiles::default()).expect("compile");
@@ -174,29 +172,7 @@ fn bench_moe(c: &mut Criterion) {
         }
         let bytes = SHAPE.bytes_read(nvfp4);
         let (median, p10, p90) = replay_times(&gpu, &whole, 50);
-        let per_layer = median / LAYERS as f64;
-        let rate = bytes as f64 / per_layer;
-        let line = format!(
-            "moe {format} layer: {:.2} us per layer (p10 {:.2}, p90 {:.2}), 3 launches, {:.1} MB read, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; floor {:.2} us",
-            per_layer * 1e6,
-            p10 / LAYERS as f64 * 1e6,
-            p90 / LAYERS as f64 * 1e6,
-            bytes as f64 / 1e6,
-            rate / 1e9,
-            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
-            100.0 * rate / copy_bw,
-            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6
-        );
-        println!("{line}");
-        if let Some(f) = jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"moe\",\"format\":\"{format}\",\"device\":\"{name}\",\"us_per_layer\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"launches\":3,\"copy_bw\":{copy_bw:.0}}}",
-                per_layer * 1e6,
-                p10 / LAYERS as f64 * 1e6,
-                p90 / LAYERS as f64 * 1e6
-            );
-        }
+        rec.record(Sample::new("layer", format, Unit::Layer, (median, p10, p90)).per(LAYERS).bytes(bytes).launches(3));
         // The same graph with every launch serialised (no programmatic dependent launch): what the
         // overlap buys, in the same run.
         gpu.set_overlap_launches(false);
@@ -210,21 +186,14 @@ fn bench_moe(c: &mut Criterion) {
             })
             .expect("capture");
         gpu.set_overlap_launches(true);
-        let (s_median, s_p10, s_p90) = replay_times(&gpu, &serial, 50);
+        let times = replay_times(&gpu, &serial, 50);
         drop(serial);
-        println!(
-            "moe {format} layer, launches serialised: {:.2} us per layer (p10 {:.2}, p90 {:.2})",
-            s_median / LAYERS as f64 * 1e6,
-            s_p10 / LAYERS as f64 * 1e6,
-            s_p90 / LAYERS as f64 * 1e6
+        rec.record(
+            Sample::new("layer", format!("{format}, launches serialised"), Unit::Layer, times)
+                .per(LAYERS)
+                .bytes(bytes)
+                .launches(3),
         );
-        if let Some(f) = jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"moe-serialised\",\"format\":\"{format}\",\"device\":\"{name}\",\"us_per_layer\":{:.3}}}",
-                s_median / LAYERS as f64 * 1e6
-            );
-        }
         group.throughput(Throughput::Bytes((bytes * LAYERS) as u64));
         group.bench_function(format!("{format}/{LAYERS}-layers"), |b| {
             let t = EventTimer::new(&gpu).expect("events");
@@ -237,10 +206,10 @@ fn bench_moe(c: &mut Criterion) {
             })
         });
         drop(whole);
-        per_kernel(&gpu, &kernels, &launches, nvfp4, &mut jsonl, &name);
+        per_kernel(&gpu, &kernels, &launches, nvfp4, &mut rec);
         // FLASHNEXT_BENCH_NO_SWEEP=1 skips the tile sweep (it compiles every candidate on the device).
         if nvfp4 && std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none() {
-            sweep(&gpu, &launches, &mut jsonl, &name);
+            sweep(&gpu, &launches, &mut rec);
         }
     }
     group.finish();
@@ -248,14 +217,7 @@ fn bench_moe(c: &mut Criterion) {
 
 /// Each kernel alone: a graph of its eight launches (the scratch holds the ids and h of the eager
 /// pass, so the later kernels read real routes).
-fn per_kernel(
-    gpu: &Gpu,
-    k: &MoeKernels,
-    launches: &[MoeLaunches],
-    nvfp4: bool,
-    jsonl: &mut Option<std::fs::File>,
-    device: &str,
-) {
+fn per_kernel(gpu: &Gpu, k: &MoeKernels, launches: &[MoeLaunches], nvfp4: bool, rec: &mut Recorder) {
     let sh = SHAPE;
     let d = sh.hidden;
     let values = |n_experts: usize| n_experts * sh.inter * d;
@@ -275,31 +237,17 @@ fn per_kernel(
                 Ok(())
             })
             .expect("capture");
-        let (median, p10, p90) = replay_times(gpu, &g, 50);
-        let per = median / LAYERS as f64;
+        let times = replay_times(gpu, &g, 50);
         let format = if nvfp4 { "nvfp4" } else { "bf16" };
-        println!(
-            "  moe {format} {label:<8} {:.2} us (p10 {:.2}, p90 {:.2}), {:.2} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s",
-            per * 1e6,
-            p10 / LAYERS as f64 * 1e6,
-            p90 / LAYERS as f64 * 1e6,
-            bytes as f64 / 1e6,
-            bytes as f64 / per / 1e9,
-            100.0 * bytes as f64 / per / H200_REFERENCE_BYTES_PER_S
+        rec.record(
+            Sample::new("kernel", format!("{format} {label}"), Unit::Layer, times).per(LAYERS).bytes(bytes).launches(1),
         );
-        if let Some(f) = jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"moe-{label}\",\"format\":\"{format}\",\"device\":\"{device}\",\"us\":{:.3},\"bytes\":{bytes}}}",
-                per * 1e6
-            );
-        }
     }
 }
 
 /// Every candidate tile set of each NVFP4 kernel (the others at their defaults), timed as that
 /// kernel's graph of eight launches: the tile space the autotuner will search, measured.
-fn sweep(gpu: &Gpu, launches: &[MoeLaunches], jsonl: &mut Option<std::fs::File>, device: &str) {
+fn sweep(gpu: &Gpu, launches: &[MoeLaunches], rec: &mut Recorder) {
     use engine::kernels::moe::{down, gate_up, router};
     let base = MoeTiles::default();
     let mut variants: Vec<(Stage, String, MoeTiles)> = Vec::new();
@@ -337,13 +285,10 @@ fn sweep(gpu: &Gpu, launches: &[MoeLaunches], jsonl: &mut Option<std::fs::File>,
         for (_, us, label) in r.iter().take(4) {
             println!("    {us:7.2} us  {label}");
         }
-        if let Some(f) = jsonl.as_mut() {
-            for (_, us, label) in &r {
-                let _ = writeln!(
-                    f,
-                    "{{\"bench\":\"moe-sweep\",\"stage\":\"{stage:?}\",\"device\":\"{device}\",\"us\":{us:.3},\"tiles\":\"{label}\"}}"
-                );
-            }
+        for (_, us, label) in &r {
+            rec.record_quietly(
+                Sample::median(format!("sweep {stage:?}"), label.as_str(), Unit::Layer, us * 1e-6).launches(1),
+            );
         }
     }
 }

@@ -26,7 +26,8 @@
 //! primes are scaled down to fit it), and a bf16 row is 320 bytes where an NVFP4 row is 96. So the
 //! large pinned table is benched again as NVFP4 rows (the same bytes, re-pinned): at 29 GB that is
 //! 302 M rows, the full-size table.
-//! Lines go to stdout and to $OUT/bench-ple.jsonl (or target/bench-ple.jsonl).
+//! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-ple.jsonl (or
+//! target/bench-ple.jsonl).
 
 use std::io::Write;
 
@@ -42,6 +43,7 @@ use engine::layers::ple::{
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
 use engine::model::ple_table::{HEADER_BYTES, PleTableFile, RowFormat, TableHeader, nvfp4_row_words};
+use flashnext::bench::{Recorder, Sample, Unit};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
@@ -70,30 +72,14 @@ fn replay_times(gpu: &Gpu, g: &Graph, steps: usize, before: impl FnMut()) -> (f6
     flashnext::bench::replay_times_with(gpu, g, REPLAYS, steps, before)
 }
 
-struct Sink {
-    device: String,
-    jsonl: Option<std::fs::File>,
-}
+/// Where records go: the one writer of every bench.
+type Sink = Recorder;
 
-fn report(out: &mut Sink, label: &str, table_bytes: usize, bytes: usize, t: (f64, f64, f64)) {
-    println!(
-        "{label}: {:.2} us per step (p10 {:.2}, p90 {:.2}), {bytes} bytes of rows, table {:.2} GB pinned host, {:.2} GB/s",
-        t.0 * 1e6,
-        t.1 * 1e6,
-        t.2 * 1e6,
-        table_bytes as f64 / 1e9,
-        bytes as f64 / t.0 / 1e9,
-    );
-    if let Some(f) = out.jsonl.as_mut() {
-        let _ = writeln!(
-            f,
-            "{{\"bench\":\"ple\",\"label\":\"{label}\",\"device\":\"{}\",\"us_per_step\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"table_bytes\":{table_bytes}}}",
-            out.device,
-            t.0 * 1e6,
-            t.1 * 1e6,
-            t.2 * 1e6
-        );
-    }
+/// One record per step (token); the rows' bytes cross the host bus, so the GB/s is the bus's.
+fn report(out: &mut Sink, group: &str, case: &str, table_bytes: usize, bytes: usize, t: (f64, f64, f64)) {
+    let s =
+        Sample::new(group, case, Unit::Token, t).notes(format!("table {:.2} GB on the host", table_bytes as f64 / 1e9));
+    out.record(if bytes == 0 { s } else { s.bytes(bytes) });
 }
 
 /// The largest table of `sizes` (bytes) that pins, with its size.
@@ -241,7 +227,7 @@ fn bench_rows(
                 }
             });
             let bytes = if which == "ids" { 0 } else { rows_bytes };
-            report(out, &format!("ple {which} {tag} {chain}"), table_bytes, bytes, t);
+            report(out, which, &format!("{tag} {chain}"), table_bytes, bytes, t);
         }
     }
 }
@@ -254,9 +240,7 @@ fn main() {
             return;
         }
     };
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-ple.jsonl")).ok();
-    let mut out = Sink { device: gpu.info().name.clone(), jsonl };
+    let mut out = Recorder::new(&gpu, "ple", None);
     let mut rng = Rng::fresh("ple bench");
     let ki = gpu.kernel::<ple_ids::Kernel>(ple_ids::Tiles::DEFAULT).expect("compile");
     let kg = gpu.kernel::<ple_gather_bf16::Kernel>(ple_gather_bf16::Tiles::DEFAULT).expect("compile");
@@ -368,7 +352,8 @@ fn bench_block(gpu: &Gpu, out: &mut Sink, rng: &mut Rng, table: DevPtr<bf16>, ta
         + nd * 2 * 2;
     report(
         out,
-        &format!("ple block (ids, gather, kv gemv, gate+conv) published shape {tag} x{CHAIN}"),
+        "block (ids, gather, kv gemv, gate+conv)",
+        &format!("published shape {tag} x{CHAIN}"),
         table_bytes,
         bytes,
         t,
@@ -503,18 +488,12 @@ fn bench_overlap(
             let fresh: Vec<u32> = (0..CHAIN).map(|_| (rng.next_u64() % 248_320) as u32).collect();
             gpu.write(&mut tokens, &fresh).expect("tokens");
         });
-        report(out, &format!("ple critical path: {which} {tag} x{CHAIN}"), table_bytes, ROWS * COLS * 2, t);
+        report(out, "critical path", &format!("{which} {tag} x{CHAIN}"), table_bytes, ROWS * COLS * 2, t);
         medians.push(t.0);
     }
     for (which, m) in [("overlapped", medians[1]), ("serial", medians[2])] {
         let added = (m - medians[0]) * 1e6;
-        println!("ple added to the critical path ({which}, {tag}): {added:.2} us per token (medians' difference)");
-        if let Some(f) = out.jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"ple\",\"label\":\"ple added ({which}) {tag}\",\"device\":\"{}\",\"us_per_step\":{added:.3},\"table_bytes\":{table_bytes}}}",
-                out.device
-            );
-        }
+        let what = Sample::median("added to the critical path", format!("{which} {tag}"), Unit::Token, added * 1e-6);
+        out.record(what.notes("medians' difference"));
     }
 }

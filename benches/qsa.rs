@@ -16,9 +16,9 @@
 //!   the K/V rows it must read, the caches of 12 layers in device memory.
 //!
 //! benches/qsa_torch.py times torch.topk and the scores in PyTorch the same way.
-//! Lines go to stdout and to $OUT/bench-qsa.jsonl (or target/bench-qsa.jsonl).
+//! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-qsa.jsonl (or
+//! target/bench-qsa.jsonl).
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -29,12 +29,11 @@ use engine::kernels::qsa::block_scores::qsa_block_scores;
 use engine::kernels::qsa::combine::qsa_attention_combine;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use engine::kernels::qsa::top_blocks_grid::{self, qsa_top_blocks_grid};
+use flashnext::bench::{Recorder, Sample, Unit};
 use flashnext::rng::Rng;
 use kernel_dsl::TileSet;
 
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
 /// GB10's LPDDR5X as the projections take it.
-const GB10_BYTES_PER_S: f64 = 230e9;
 const BLOCKS: usize = 65_536;
 const TOP: usize = 512;
 const HEADS: usize = 4;
@@ -51,37 +50,12 @@ fn replay_times(gpu: &Gpu, g: &Graph, per_graph: usize, samples: usize) -> (f64,
     flashnext::bench::replay_times_with(gpu, g, samples, per_graph, || {})
 }
 
-struct Sink {
-    jsonl: Option<std::fs::File>,
-    device: String,
-}
+/// Where records go: the one writer of every bench.
+struct Sink(Recorder);
 
 impl Sink {
-    fn record(&mut self, what: &str, t: (f64, f64, f64), bytes: usize, copy_bw: f64) {
-        let (median, p10, p90) = t;
-        let rate = bytes as f64 / median;
-        println!(
-            "qsa {what}: {:.2} us (p10 {:.2}, p90 {:.2}), {:.2} MB read, {:.0} GB/s, {:.1}% of 4.27 TB/s, {:.1}% of measured copy BW; H200 floor {:.2} us, GB10 floor {:.2} us",
-            median * 1e6,
-            p10 * 1e6,
-            p90 * 1e6,
-            bytes as f64 / 1e6,
-            rate / 1e9,
-            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
-            100.0 * rate / copy_bw,
-            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
-            bytes as f64 / GB10_BYTES_PER_S * 1e6,
-        );
-        if let Some(f) = self.jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"qsa\",\"what\":\"{what}\",\"device\":\"{}\",\"us\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"copy_bw\":{copy_bw:.0}}}",
-                self.device,
-                median * 1e6,
-                p10 * 1e6,
-                p90 * 1e6
-            );
-        }
+    fn record(&mut self, group: &str, what: &str, t: (f64, f64, f64), bytes: usize, _copy_bw: f64) {
+        self.0.record(Sample::new(group, what, Unit::Launch, t).bytes(bytes).launches(1));
     }
 }
 
@@ -96,9 +70,7 @@ fn bench_qsa(c: &mut Criterion) {
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
     let device = gpu.info().name.clone();
     println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-qsa.jsonl")).ok();
-    let mut sink = Sink { jsonl, device };
+    let mut sink = Sink(Recorder::new(&gpu, "qsa", Some(copy_bw)));
     let mut rng = Rng::fresh("qsa bench");
     let profile = std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some();
 
@@ -147,7 +119,9 @@ fn bench_qsa(c: &mut Criterion) {
                 continue;
             }
             let t = replay_times(&gpu, &g, LAUNCHES, 50);
-            sink.record(&format!("top-k of {BLOCKS} scores, {TOP} kept, {label}, {tiles:?}"), t, BLOCKS * 4, copy_bw);
+            let what = format!("{BLOCKS} scores, {TOP} kept, {label}, {tiles:?}");
+            let group = if tiles == TileSet::DEFAULT { "top-k one block" } else { "sweep top-k one block" };
+            sink.record(group, &what, t, BLOCKS * 4, copy_bw);
         }
     }
 
@@ -238,7 +212,13 @@ fn bench_qsa(c: &mut Criterion) {
                     None => "one block, default tiles".to_owned(),
                     Some(t) => format!("grid {t:?}"),
                 };
-                sink.record(&format!("top-k of {n} scores, {TOP} kept, {label}, {which}"), t, n * 4, copy_bw);
+                // The one-block kernel and the grid's default in the group; the other grids a sweep.
+                let group = match variant {
+                    Some(t) if t != TileSet::DEFAULT => format!("sweep top-k grid, {n} scores, {label}"),
+                    _ => "top-k".to_owned(),
+                };
+                let what = format!("{n} scores, {TOP} kept, {label}, {which}");
+                sink.record(&group, &what, t, n * 4, copy_bw);
             }
         }
     }
@@ -328,12 +308,7 @@ fn bench_qsa(c: &mut Criterion) {
             let t = replay_times(&gpu, &g, layers, 30);
             let bytes = key_bytes + HEADS * DIM * 4;
             let what = ["block scores", "block scores + top-k", "block scores + grid top-k"][chained];
-            sink.record(
-                &format!("{what} at {}k tokens ({n} blocks, {layers} layers)", context / 1024),
-                t,
-                bytes,
-                copy_bw,
-            );
+            sink.record(what, &format!("{}k tokens ({n} blocks, {layers} layers)", context / 1024), t, bytes, copy_bw);
         }
     }
 
@@ -441,8 +416,13 @@ fn bench_qsa(c: &mut Criterion) {
             let t = replay_times(&gpu, &g, layers, 30);
             let tokens = TOP * BLOCK_TOKENS + tail;
             let bytes = 2 * tokens * kv_heads * head_dim * 2 + 2 * q_heads * head_dim * 4 + TOP * 4;
-            let label = format!("attention at {}k tokens ({tokens} attended), {tiles:?}", context / 1024);
-            sink.record(&label, t, bytes, copy_bw);
+            let label = format!("{}k tokens ({tokens} attended), {tiles:?}", context / 1024);
+            let group = if *tiles == TileSet::DEFAULT {
+                "attention".to_owned()
+            } else {
+                format!("sweep attention {}k", context / 1024)
+            };
+            sink.record(&group, &label, t, bytes, copy_bw);
         }
     }
 

@@ -13,9 +13,9 @@
 //! (`QsaShape::layer_bytes`: weights, x and y, the cache appends, every complete block's pooled
 //! key, the scores written and read, the selected tokens' K and V), the floor at 4.27 TB/s and
 //! the fraction reached, and the GB10 projection of the same bytes at 230 GB/s (a projection, not
-//! a measurement). Lines go to stdout and to $OUT/bench-qsa-layer.jsonl (or target/).
+//! a measurement). Lines go to stdout and records (`flashnext::bench::Record`) to
+//! $OUT/bench-qsa_layer.jsonl (or target/).
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -24,7 +24,7 @@ use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel};
 use engine::layers::qsa::{
     QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice, Stage, TopK,
 };
-use flashnext::bench::replay_times_with;
+use flashnext::bench::{Recorder, Sample, Unit, replay_times_with};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtrMut, TileSet};
@@ -45,8 +45,6 @@ const SHAPE: QsaShape = QsaShape {
 };
 const LAYERS: usize = 12;
 const CONTEXTS: [usize; 2] = [32_768, 131_072];
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
-const GB10_STREAMING_BYTES_PER_S: f64 = 230e9;
 
 /// Fills words with a hash of (seed, index), masked: random bits at device speed.
 #[kernel(block = 256, grid = div_ceil(n, 256))]
@@ -101,39 +99,14 @@ fn layer_weights(gpu: &Gpu, fk: &LoadedKernel<fill_bits::Kernel>, rng: &mut Rng,
     w
 }
 
-struct Sink {
-    copy_bw: f64,
-    device: String,
-    jsonl: Option<std::fs::File>,
-}
+/// Where records go: the one writer of every bench.
+struct Sink(Recorder);
 
 impl Sink {
-    fn record(&mut self, what: &str, t: (f64, f64, f64), bytes: usize) {
-        let (median, p10, p90) = t;
-        let rate = bytes as f64 / median;
-        println!(
-            "qsa-layer {what}: {:.2} us/layer (p10 {:.2}, p90 {:.2}), {:.2} MB, {:.0} GB/s, {:.1}% of 4.27 TB/s (floor {:.2} us), {:.1}% of measured copy BW; GB10 projection {:.1} us at 230 GB/s",
-            median * 1e6,
-            p10 * 1e6,
-            p90 * 1e6,
-            bytes as f64 / 1e6,
-            rate / 1e9,
-            100.0 * rate / H200_REFERENCE_BYTES_PER_S,
-            bytes as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
-            100.0 * rate / self.copy_bw,
-            bytes as f64 / GB10_STREAMING_BYTES_PER_S * 1e6,
-        );
-        if let Some(f) = self.jsonl.as_mut() {
-            let _ = writeln!(
-                f,
-                "{{\"bench\":\"qsa-layer\",\"what\":\"{what}\",\"device\":\"{}\",\"us\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"bytes\":{bytes},\"copy_bw\":{:.0}}}",
-                self.device,
-                median * 1e6,
-                p10 * 1e6,
-                p90 * 1e6,
-                self.copy_bw
-            );
-        }
+    /// One record per layer; `bytes` 0 where a launch's bytes are not what bounds it.
+    fn record(&mut self, group: &str, case: &str, t: (f64, f64, f64), bytes: usize, launches: usize) {
+        let s = Sample::new(group, case, Unit::Layer, t).launches(launches);
+        self.0.record(if bytes == 0 { s } else { s.bytes(bytes) });
     }
 }
 
@@ -177,9 +150,7 @@ fn bench_qsa_layer(c: &mut Criterion) {
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
     let device = gpu.info().name.clone();
     println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-qsa-layer.jsonl")).ok();
-    let mut sink = Sink { copy_bw, device, jsonl };
+    let mut sink = Sink(Recorder::new(&gpu, "qsa_layer", Some(copy_bw)));
     let mut rng = Rng::fresh("qsa layer bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("compile");
     let tiles = QsaTiles::default();
@@ -230,14 +201,8 @@ fn bench_qsa_layer(c: &mut Criterion) {
         let t = replay_times_with(&gpu, &whole, 30, LAYERS, || {});
         let bytes = SHAPE.layer_bytes(position);
         let count = gpu.download(&scratch.count).expect("count")[0];
-        sink.record(
-            &format!(
-                "whole layer at {}k tokens ({count} blocks selected, {LAYERS} layers, 7 launches each)",
-                context / 1024
-            ),
-            t,
-            bytes,
-        );
+        let case = format!("{}k tokens ({count} blocks selected, {LAYERS} layers)", context / 1024);
+        sink.record("layer", &case, t, bytes, 7);
         group.throughput(Throughput::Bytes((bytes * LAYERS) as u64));
         group.bench_function(format!("layer/{}k/{LAYERS}-layers", context / 1024), |b| {
             let timer = EventTimer::new(&gpu).expect("events");
@@ -255,17 +220,7 @@ fn bench_qsa_layer(c: &mut Criterion) {
             let g = capture(&gpu, &launches, &k, &[stage]);
             let t = replay_times_with(&gpu, &g, 30, LAYERS, || {});
             let bytes = stage_bytes(stage, position);
-            if bytes == 0 {
-                println!(
-                    "qsa-layer {stage:?} at {}k tokens: {:.2} us/layer (p10 {:.2}, p90 {:.2})",
-                    context / 1024,
-                    t.0 * 1e6,
-                    t.1 * 1e6,
-                    t.2 * 1e6
-                );
-            } else {
-                sink.record(&format!("{stage:?} alone at {}k tokens", context / 1024), t, bytes);
-            }
+            sink.record("launch", &format!("{stage:?} at {}k tokens", context / 1024), t, bytes, 1);
         }
         let launches_grid: Vec<QsaLaunches> = (0..LAYERS)
             .map(|l| {
@@ -283,21 +238,13 @@ fn bench_qsa_layer(c: &mut Criterion) {
             .collect();
         let whole = capture(&gpu, &launches_grid, &k_grid, &Stage::ALL);
         let t = replay_times_with(&gpu, &whole, 30, LAYERS, || {});
-        sink.record(
-            &format!("whole layer at {}k tokens, multi-block top-k ({LAYERS} layers)", context / 1024),
-            t,
-            SHAPE.layer_bytes(position),
-        );
+        let case = format!("{}k tokens, multi-block top-k ({LAYERS} layers)", context / 1024);
+        sink.record("layer", &case, t, SHAPE.layer_bytes(position), 7);
         drop(whole);
         let g = capture(&gpu, &launches_grid, &k_grid, &[Stage::TopBlocks]);
         let t = replay_times_with(&gpu, &g, 30, LAYERS, || {});
-        println!(
-            "qsa-layer TopBlocks (multi-block) at {}k tokens: {:.2} us/layer (p10 {:.2}, p90 {:.2})",
-            context / 1024,
-            t.0 * 1e6,
-            t.1 * 1e6,
-            t.2 * 1e6
-        );
+        let case = format!("TopBlocks (multi-block) at {}k tokens", context / 1024);
+        sink.record("launch", &case, t, 0, 1);
         gpu.synchronize().expect("sync");
     }
     group.finish();

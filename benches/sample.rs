@@ -6,10 +6,9 @@
 //! Logits: normal with standard deviation 3 (a nucleus of thousands of tokens at top_p 0.9),
 //! nearly flat (standard deviation 0.05: the nucleus is most of the vocabulary), and rounded to
 //! a few levels (thousands of exact ties: the kernel's tie path, one barrier more). Every tile set
-//! runs unless FLASHNEXT_BENCH_NO_SWEEP is set. Lines go to stdout and to
-//! $OUT/bench-sample.jsonl (or target/bench-sample.jsonl).
+//! runs unless FLASHNEXT_BENCH_NO_SWEEP is set. Lines go to stdout and records
+//! (`flashnext::bench::Record`) to $OUT/bench-sample.jsonl (or target/bench-sample.jsonl).
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -17,7 +16,7 @@ use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::kernels::sample::sample_top_p;
 use engine::layers::sample::{SampleParams, Sampler};
-use flashnext::bench::replay_times_with;
+use flashnext::bench::{Recorder, Sample, Unit, replay_times_with};
 use flashnext::rng::Rng;
 use kernel_dsl::TileSet;
 
@@ -59,8 +58,7 @@ fn bench_sample(c: &mut Criterion) {
     };
     let device = gpu.info().name.clone();
     println!("device {device}: sampling over {VOCAB} logits");
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let mut jsonl = std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-sample.jsonl")).ok();
+    let mut rec = Recorder::new(&gpu, "sample", None);
     let sweep = std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none();
     let mut rng = Rng::new(0x5a3b1e);
     let normal: Vec<f32> = (0..VOCAB).map(|_| 3.0 * rng.normal()).collect();
@@ -82,25 +80,12 @@ fn bench_sample(c: &mut Criterion) {
                 };
                 let [one, chained] = time(&gpu, &mut s, &logits);
                 let what = format!("{name}, T {temperature}, top_p {top_p}, {tiles:?}");
-                println!(
-                    "sample {what}: {:.2} us a graph of one launch (p10 {:.2}, p90 {:.2}); {:.2} us per launch of {LAUNCHES} (p10 {:.2}, p90 {:.2})",
-                    one.0 * 1e6,
-                    one.1 * 1e6,
-                    one.2 * 1e6,
-                    chained.0 * 1e6,
-                    chained.1 * 1e6,
-                    chained.2 * 1e6
-                );
-                if let Some(f) = jsonl.as_mut() {
-                    let _ = writeln!(
-                        f,
-                        "{{\"bench\":\"sample\",\"what\":\"{what}\",\"device\":\"{device}\",\"us\":{:.3},\"p10\":{:.3},\"p90\":{:.3},\"chained_us\":{:.3}}}",
-                        one.0 * 1e6,
-                        one.1 * 1e6,
-                        one.2 * 1e6,
-                        chained.0 * 1e6
-                    );
-                }
+                // The default tiles in the groups; the other tile sets a sweep.
+                let prefix = if tiles == TileSet::DEFAULT { "" } else { "sweep " };
+                let group = format!("{prefix}graph of one launch");
+                rec.record(Sample::new(group, what.as_str(), Unit::Launch, one).launches(1));
+                let group = format!("{prefix}chain of {LAUNCHES}");
+                rec.record(Sample::new(group, what, Unit::Launch, chained).launches(1));
             }
         }
     }

@@ -20,25 +20,20 @@
 //! the plan's default tiles and at the device's tuned table (`StepPlan::for_device`), and a last
 //! line compares their ms/token (`FLASHNEXT_STEP_VARIANTS=all`: both variants, twice each).
 //!
-//! Lines go to stdout and to $OUT/bench-step.jsonl (or target/).
+//! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
+//! target/).
 
-use std::io::Write;
 use std::time::Instant;
 
 use engine::cuda::timing::EventTimer;
 use engine::model::config::ModelConfig;
 use engine::step::{Engine, Formats, ModelOnDevice, StepPlan};
-use flashnext::bench::percentile;
+use flashnext::bench::{Recorder, Sample, Unit, percentile};
 
 const H200_BYTES_PER_S: f64 = 4.27e12;
 const GB10_BYTES_PER_S: f64 = 230e9;
 const CONTEXTS: [usize; 2] = [1024, 32_768];
 const SAMPLES: usize = 50;
-
-fn out_file() -> std::fs::File {
-    let dir = std::env::var("OUT").unwrap_or_else(|_| "target".into());
-    std::fs::OpenOptions::new().create(true).append(true).open(format!("{dir}/bench-step.jsonl")).expect("jsonl")
-}
 
 fn main() {
     // criterion's harness flags (`--bench`, a filter) are accepted and ignored.
@@ -55,7 +50,7 @@ fn main() {
         variants.truncate(1);
     }
     let tile_sets: &[&str] = if compare { &["default tiles", "tuned tiles"] } else { &["default tiles"] };
-    let mut jsonl = out_file();
+    let mut rec = Recorder::new(&gpu, "step", None);
     let mut gpu = Some(gpu);
     // (variant, tiles, context) → ms/token on the device.
     let mut results: Vec<(&str, &str, usize, f64)> = Vec::new();
@@ -118,18 +113,16 @@ fn main() {
                 );
                 println!("{line}");
                 results.push((variant, tiles, context, med * 1e3));
-                writeln!(
-                jsonl,
-                "{{\"bench\":\"step\",\"formats\":\"{name}\",\"context\":{context},\"median_s\":{med},\"p10_s\":{p10},\
-                 \"p90_s\":{p90},\"wall_s\":{wall_med},\"bytes\":{bytes},\"launches\":{}}}",
-                e.launches_per_token()
-            )
-            .expect("jsonl");
+                let what = Sample::new("step", format!("{name}, context {context}"), Unit::Token, (med, p10, p90));
+                let notes = format!("wall per Engine::step {:.3} ms, 1 host wait per token", wall_med * 1e3);
+                rec.record_quietly(what.bytes(bytes as usize).launches(e.launches_per_token()).notes(notes));
             }
             let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
             println!("  profile of one eager step (events between launch groups), {:.3} ms in all:", total * 1e3);
             for (stage, t, n) in &profile.stages {
                 println!("    {:<22} {:>8.3} ms  {:>5.1}%  ({n} groups)", stage.name(), t * 1e3, 100.0 * t / total);
+                let what = Sample::median(format!("eager profile, {name}"), stage.name(), Unit::Token, *t);
+                rec.record_quietly(what.notes(format!("{n} groups, events between groups")));
             }
             gpu = Some(e.into_gpu());
         }
