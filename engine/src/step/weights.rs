@@ -215,14 +215,23 @@ impl ModelOnDevice {
         let mut layers = Vec::with_capacity(total);
         for (l, lw) in w.layers.iter().enumerate() {
             let mixer = match (&lw.mixer, &plan.gdn, &plan.qsa) {
-                (MixerWeights::Gdn(g), Some((shape, _)), _) => MixerOnDevice::Gdn(if f.gdn_in_proj {
-                    let m = [quantise(&g.in_qkv), quantise(&g.in_z), quantise(&g.in_b), quantise(&g.in_a)];
-                    GdnWeightsOnDevice::upload_nvfp4(gpu, *shape, [&m[0], &m[1], &m[2], &m[3]], g)?
-                } else {
-                    GdnWeightsOnDevice::upload_bf16(gpu, *shape, g)?
-                }),
+                (MixerWeights::Gdn(g), Some((shape, _)), _) => {
+                    let w = if f.gdn_in_proj {
+                        let m = [quantise(&g.in_qkv), quantise(&g.in_z), quantise(&g.in_b), quantise(&g.in_a)];
+                        GdnWeightsOnDevice::upload_nvfp4(gpu, *shape, [&m[0], &m[1], &m[2], &m[3]], g)?
+                    } else {
+                        GdnWeightsOnDevice::upload_bf16(gpu, *shape, g)?
+                    };
+                    MixerOnDevice::Gdn(if f.gdn_out_proj { w.with_nvfp4_out_proj(gpu, &quantise(&g.out))? } else { w })
+                }
                 (MixerWeights::Qsa(q), _, Some((shape, _))) => {
-                    MixerOnDevice::Qsa(QsaWeightsOnDevice::upload_bf16(gpu, *shape, q)?)
+                    let w = QsaWeightsOnDevice::upload_bf16(gpu, *shape, q)?;
+                    MixerOnDevice::Qsa(if f.qsa {
+                        let m = [quantise(&q.q), quantise(&q.k), quantise(&q.v), quantise(&q.index_qk)];
+                        w.with_nvfp4_projections(gpu, [&m[0], &m[1], &m[2], &m[3]], &quantise(&q.o))?
+                    } else {
+                        w
+                    })
                 }
                 _ => {
                     return Err(Error::Buffer(format!(
