@@ -39,6 +39,7 @@ use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice,
     InProjOnDevice, NormAt, Stage,
 };
+use engine::layers::matrix::MatrixOnDevice;
 use flashnext::bench::{GB10_STREAMING_BYTES_PER_S, H200_REFERENCE_BYTES_PER_S, Recorder, Sample, Unit, replay_times};
 use flashnext::rng::Rng;
 use half::bf16;
@@ -118,10 +119,12 @@ fn layer_weights(
         a_log: gpu.upload(&(0..hv).map(|_| (0.5 + 3.5 * rng.uniform()).ln()).collect::<Vec<f32>>()).expect("A_log"),
         dt_bias: gpu.upload(&(0..hv).map(|_| -2.5 + 0.5 * rng.normal()).collect::<Vec<f32>>()).expect("dt_bias"),
         norm: gpu.upload(&rng.bf16_normal(sh.value_dim, 1.0)).expect("norm"),
-        out_proj: gpu.alloc(sh.hidden * sh.z_dim()).expect("alloc"),
+        out_proj: MatrixOnDevice::Bf16(gpu.alloc(sh.hidden * sh.z_dim()).expect("alloc")),
     };
     fill_bf16(gpu, fk, &mut w.conv, seed + 1);
-    fill_bf16(gpu, fk, &mut w.out_proj, seed + 2);
+    if let MatrixOnDevice::Bf16(o) = &mut w.out_proj {
+        fill_bf16(gpu, fk, o, seed + 2);
+    }
     w
 }
 
@@ -337,7 +340,7 @@ fn whole_layer(
     if std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some() {
         return;
     }
-    let layer_bytes = SHAPE.layer_bytes(nvfp4);
+    let layer_bytes = SHAPE.layer_bytes(nvfp4, false);
     report(
         &Line {
             bench: "gdn-layer",
@@ -380,9 +383,9 @@ fn whole_layer(
         );
     }
     if nvfp4 {
-        let all_nvfp4 = SHAPE.layer_bytes_all_nvfp4();
+        let all_nvfp4 = SHAPE.layer_bytes(true, true);
         println!(
-            "  with out_proj in NVFP4 too (not written yet) the layer would move {:.1} MB: H200 floor {:.2} us, GB10 floor {:.1} us (projection)",
+            "  with out_proj in NVFP4 too (gemv_nvfp4: benches/gemv_nvfp4.rs times it alone, benches/step.rs in the step) the layer moves {:.1} MB: H200 floor {:.2} us, GB10 floor {:.1} us (projection)",
             all_nvfp4 as f64 / 1e6,
             all_nvfp4 as f64 / H200_REFERENCE_BYTES_PER_S * 1e6,
             all_nvfp4 as f64 / GB10_STREAMING_BYTES_PER_S * 1e6

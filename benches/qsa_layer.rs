@@ -21,6 +21,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::{EventTimer, copy_bandwidth};
 use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel};
+use engine::layers::matrix::MatrixOnDevice;
 use engine::layers::qsa::{
     QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice, Stage, TopK,
 };
@@ -85,18 +86,19 @@ fn fill_f32(gpu: &Gpu, k: &LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuff
 
 fn layer_weights(gpu: &Gpu, fk: &LoadedKernel<fill_bits::Kernel>, rng: &mut Rng, seed: u32) -> QsaWeightsOnDevice {
     let sh = SHAPE;
-    let mut w = QsaWeightsOnDevice {
+    let mut in_proj = gpu.alloc(sh.in_rows() * sh.hidden).expect("alloc");
+    let mut o_proj = gpu.alloc(sh.hidden * sh.attn_dim()).expect("alloc");
+    fill_bf16(gpu, fk, &mut in_proj, seed);
+    fill_bf16(gpu, fk, &mut o_proj, seed + 1);
+    QsaWeightsOnDevice {
         shape: sh,
-        in_proj: gpu.alloc(sh.in_rows() * sh.hidden).expect("alloc"),
-        o_proj: gpu.alloc(sh.hidden * sh.attn_dim()).expect("alloc"),
+        in_proj: MatrixOnDevice::Bf16(in_proj),
+        o_proj: MatrixOnDevice::Bf16(o_proj),
         q_norm: gpu.upload(&rng.bf16_normal(sh.head_dim, 0.2)).expect("norm"),
         k_norm: gpu.upload(&rng.bf16_normal(sh.head_dim, 0.2)).expect("norm"),
         index_q_norm: gpu.upload(&rng.bf16_normal(sh.index_dim, 0.2)).expect("norm"),
         index_k_norm: gpu.upload(&rng.bf16_normal(sh.index_dim, 0.2)).expect("norm"),
-    };
-    fill_bf16(gpu, fk, &mut w.in_proj, seed);
-    fill_bf16(gpu, fk, &mut w.o_proj, seed + 1);
-    w
+    }
 }
 
 /// Where records go: the one writer of every bench.
@@ -168,7 +170,7 @@ fn bench_qsa_layer(c: &mut Criterion) {
     }
     println!(
         "QSA layer, published shape: {:.1} MB of bf16 weights a layer, tiles {tiles:?}",
-        SHAPE.weight_bytes() as f64 / 1e6
+        SHAPE.weight_bytes(false) as f64 / 1e6
     );
 
     let mut group = c.benchmark_group("qsa-layer");
@@ -199,7 +201,7 @@ fn bench_qsa_layer(c: &mut Criterion) {
 
         let whole = capture(&gpu, &launches, &k, &Stage::ALL);
         let t = replay_times_with(&gpu, &whole, 30, LAYERS, || {});
-        let bytes = SHAPE.layer_bytes(position);
+        let bytes = SHAPE.layer_bytes(position, false);
         let count = gpu.download(&scratch.count).expect("count")[0];
         let case = format!("{}k tokens ({count} blocks selected, {LAYERS} layers)", context / 1024);
         sink.record("layer", &case, t, bytes, 7);
@@ -239,7 +241,7 @@ fn bench_qsa_layer(c: &mut Criterion) {
         let whole = capture(&gpu, &launches_grid, &k_grid, &Stage::ALL);
         let t = replay_times_with(&gpu, &whole, 30, LAYERS, || {});
         let case = format!("{}k tokens, multi-block top-k ({LAYERS} layers)", context / 1024);
-        sink.record("layer", &case, t, SHAPE.layer_bytes(position), 7);
+        sink.record("layer", &case, t, SHAPE.layer_bytes(position, false), 7);
         drop(whole);
         let g = capture(&gpu, &launches_grid, &k_grid, &[Stage::TopBlocks]);
         let t = replay_times_with(&gpu, &g, 30, LAYERS, || {});

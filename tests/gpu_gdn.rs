@@ -12,6 +12,7 @@
 
 use engine::cuda::Gpu;
 use engine::kernels::gemv_bf16::gemv_bf16;
+use engine::kernels::gemv_nvfp4::gemv_nvfp4;
 use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice, NormAt, enqueue,
 };
@@ -210,7 +211,13 @@ fn tile_variants(shape: GdnShape, nvfp4: bool) -> Vec<GdnTiles> {
     unique
 }
 
+/// The layer over `TOKENS` tokens at each of `tiles`: the input projection in NVFP4 when `nvfp4`,
+/// out_proj too when `nvfp4_out` (the reference on the dequantised matrices).
 fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, tiles: &[GdnTiles]) {
+    case_with(gpu, rng, shape, nvfp4, false, tiles)
+}
+
+fn case_with(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, nvfp4_out: bool, tiles: &[GdnTiles]) {
     let cfg = config(shape);
     let mut w = weights(rng, shape);
     let dw = if nvfp4 {
@@ -227,11 +234,22 @@ fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, tiles: &[GdnTile
     } else {
         GdnWeightsOnDevice::upload_bf16(gpu, shape, &w).expect("upload")
     };
+    let dw = if nvfp4_out {
+        let m = random_nvfp4(rng, shape.hidden, shape.z_dim());
+        w.out = Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None };
+        dw.with_nvfp4_out_proj(gpu, &m).expect("upload out_proj")
+    } else {
+        dw
+    };
     let xs: Vec<Vec<bf16>> = (0..TOKENS).map(|_| rng.bf16_normal(shape.hidden, 1.0)).collect();
     let want = expected(&cfg, &w, &xs);
     for (i, t) in tiles.iter().enumerate() {
         let k = GdnKernels::load(gpu, *t).expect("compile");
-        let label = format!("{} {shape:?} {t:?}", if nvfp4 { "nvfp4" } else { "bf16" });
+        let label = format!(
+            "{}{} {shape:?} {t:?}",
+            if nvfp4 { "nvfp4" } else { "bf16" },
+            if nvfp4_out { " + nvfp4 out_proj" } else { "" }
+        );
         let got = run(gpu, &k, &dw, &xs);
         check(&label, &want, &got);
         // The first tile set of each path runs twice.
@@ -283,6 +301,28 @@ fn gdn_published_shape_matches_the_reference() {
     assert_eq!(tiles[1], GdnTiles::default());
     case(&gpu, &mut rng, PUBLISHED, false, &tiles);
     case(&gpu, &mut rng, PUBLISHED, true, &tiles);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_published_shape_with_nvfp4_out_proj_matches_the_reference() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("gdn published nvfp4 out_proj");
+    // The plain GEMV paths (out_proj with the norm in its prologue has no NVFP4 kernel), at the
+    // defaults and at every split of out_proj's GEMV that fits.
+    let mut tiles = Vec::new();
+    for norm_at in [NormAt::DeltaRuleBlock, NormAt::StateUpdate] {
+        let base = GdnTiles { norm_at, ..GdnTiles::default() };
+        tiles.push(base);
+        for k_split in [1, 2, 8] {
+            let t = GdnTiles { out_proj_nvfp4: gemv_nvfp4::Tiles { k_split, ..base.out_proj_nvfp4 }, ..base };
+            if t.check_out_proj_nvfp4(PUBLISHED).is_ok() {
+                tiles.push(t);
+            }
+        }
+    }
+    assert!(tiles.len() >= 6, "{tiles:?}");
+    case_with(&gpu, &mut rng, PUBLISHED, true, true, &tiles);
 }
 
 /// No GPU: the test's config and inputs are what the GPU tests assume (a valid shape, finite

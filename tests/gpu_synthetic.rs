@@ -7,6 +7,7 @@
 
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::lm_head::{LmHeadTiles, LmHeadWeights};
+use engine::layers::matrix::MatrixOnDevice;
 use engine::layers::mix::MixMatrices;
 use engine::layers::moe::ExpertsOnDevice;
 use engine::layers::ple::PleTableOnHost;
@@ -133,6 +134,18 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
                     );
                     let norm = Uniform::new(0.9, 1.1);
                     expect_bf16(&gpu, &g.norm, stream_seed(s, tag::GDN_NORM, Stream::Values), norm, &label("GDN norm"));
+                    match &g.out_proj {
+                        MatrixOnDevice::Nvfp4 { packed, scales, .. } => {
+                            assert!(nvfp4);
+                            expect_nvfp4(&gpu, packed, scales, s, tag::GDN_OUT_PROJ, &label("GDN out_proj"));
+                        }
+                        MatrixOnDevice::Bf16(b) => {
+                            assert!(!nvfp4);
+                            let u = Uniform::with_std(projection_std(g.shape.z_dim()));
+                            let seed = stream_seed(s, tag::GDN_OUT_PROJ, Stream::Values);
+                            expect_bf16(&gpu, b, seed, u, &label("GDN out_proj"));
+                        }
+                    }
                     match &g.in_proj {
                         engine::layers::gdn::InProjOnDevice::Nvfp4 { packed, scales, scale2 } => {
                             expect_nvfp4(&gpu, packed, scales, s, tag::GDN_IN_PROJ, &label("GDN in_proj"));
@@ -153,14 +166,26 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
                 }
                 MixerOnDevice::Qsa(q) => {
                     let s = part(1);
-                    let u = Uniform::with_std(projection_std(d));
-                    expect_bf16(
-                        &gpu,
-                        &q.in_proj,
-                        stream_seed(s, tag::QSA_IN_PROJ, Stream::Values),
-                        u,
-                        &label("QSA proj"),
-                    );
+                    match &q.in_proj {
+                        MatrixOnDevice::Nvfp4 { packed, scales, scale2, segs } => {
+                            assert!(nvfp4);
+                            expect_nvfp4(&gpu, packed, scales, s, tag::QSA_IN_PROJ, &label("QSA proj"));
+                            let ps = nvfp4_scale_2(projection_std(d));
+                            assert_eq!(gpu.download(scale2).expect("scale2"), [ps; 4], "{}", label("QSA scales"));
+                            assert_eq!(*segs, [q.shape.in_rows() as u32; 3]);
+                        }
+                        MatrixOnDevice::Bf16(b) => {
+                            assert!(!nvfp4);
+                            let u = Uniform::with_std(projection_std(d));
+                            expect_bf16(
+                                &gpu,
+                                b,
+                                stream_seed(s, tag::QSA_IN_PROJ, Stream::Values),
+                                u,
+                                &label("QSA proj"),
+                            );
+                        }
+                    }
                     let zc = Uniform::symmetric(synthetic::ZC_NORM);
                     expect_bf16(&gpu, &q.k_norm, stream_seed(s, tag::QSA_K_NORM, Stream::Values), zc, &label("k_norm"));
                 }

@@ -45,6 +45,7 @@ use crate::error::{Error, Result};
 use crate::kernels::fill::{fill_bf16, fill_e4m3_scales, fill_f32, fill_nvfp4_codes};
 use crate::layers::gdn::{CONV_KERNEL, GdnShape, GdnWeightsOnDevice, InProjOnDevice};
 use crate::layers::lm_head::{LmHead, LmHeadTiles, LmHeadWeights};
+use crate::layers::matrix::MatrixOnDevice;
 use crate::layers::mix::{MixMatrices, MixShape, MixWeightsOnDevice};
 use crate::layers::moe::{ExpertsOnDevice, MoeShape, MoeWeightsOnDevice};
 use crate::layers::ple::{PleShape, PleTableOnHost, PleWeightsOnDevice};
@@ -308,9 +309,15 @@ pub fn mix(gpu: &Gpu, shape: MixShape, nvfp4: bool, seed: u64) -> Result<MixWeig
     Ok(MixWeightsOnDevice { shape, norm, matrices })
 }
 
-/// A GDN layer: the stacked input projection (bf16, or NVFP4 when `nvfp4_in_proj`) and out_proj
+/// A GDN layer: the stacked input projection and out_proj (each bf16, or NVFP4 when asked)
 /// 1/√fan_in, the conv 1/√4, A_log, dt_bias and the norm as the module's doc says.
-pub fn gdn(gpu: &Gpu, shape: GdnShape, nvfp4_in_proj: bool, seed: u64) -> Result<GdnWeightsOnDevice> {
+pub fn gdn(
+    gpu: &Gpu,
+    shape: GdnShape,
+    nvfp4_in_proj: bool,
+    nvfp4_out_proj: bool,
+    seed: u64,
+) -> Result<GdnWeightsOnDevice> {
     let f = Fills::load(gpu)?;
     let (d, hv) = (shape.hidden, shape.value_heads);
     let in_std = projection_std(d);
@@ -321,6 +328,18 @@ pub fn gdn(gpu: &Gpu, shape: GdnShape, nvfp4_in_proj: bool, seed: u64) -> Result
         InProjOnDevice::Bf16(f.new_bf16(gpu, shape.in_rows() * d, seed, tag::GDN_IN_PROJ, Uniform::with_std(in_std))?)
     };
     let conv_std = projection_std(CONV_KERNEL);
+    let out_std = projection_std(shape.z_dim());
+    let out_proj = if nvfp4_out_proj {
+        let (packed, scales) = f.new_nvfp4(gpu, d * shape.z_dim(), shape.z_dim(), seed, tag::GDN_OUT_PROJ)?;
+        MatrixOnDevice::Nvfp4 {
+            packed,
+            scales,
+            scale2: gpu.upload(&[nvfp4_scale_2(out_std), 0.0, 0.0, 0.0])?,
+            segs: [d as u32; 3],
+        }
+    } else {
+        MatrixOnDevice::Bf16(f.new_bf16(gpu, d * shape.z_dim(), seed, tag::GDN_OUT_PROJ, Uniform::with_std(out_std))?)
+    };
     Ok(GdnWeightsOnDevice {
         shape,
         in_proj,
@@ -328,31 +347,41 @@ pub fn gdn(gpu: &Gpu, shape: GdnShape, nvfp4_in_proj: bool, seed: u64) -> Result
         a_log: f.new_f32(gpu, hv, seed, tag::GDN_A_LOG, Uniform::new(0.0, 16f32.ln()))?,
         dt_bias: f.new_f32(gpu, hv, seed, tag::GDN_DT_BIAS, Uniform::new(1e-3f32.ln(), 1e-1f32.ln()))?,
         norm: f.new_bf16(gpu, shape.value_dim, seed, tag::GDN_NORM, Uniform::new(0.9, 1.1))?,
-        out_proj: f.new_bf16(
-            gpu,
-            d * shape.z_dim(),
-            seed,
-            tag::GDN_OUT_PROJ,
-            Uniform::with_std(projection_std(shape.z_dim())),
-        )?,
+        out_proj,
     })
 }
 
 /// A QSA layer (bf16): the stacked projection 1/√d, o_proj 1/√(Hq·D), the four norms zero-centred.
-pub fn qsa(gpu: &Gpu, shape: QsaShape, seed: u64) -> Result<QsaWeightsOnDevice> {
+pub fn qsa(gpu: &Gpu, shape: QsaShape, nvfp4: bool, seed: u64) -> Result<QsaWeightsOnDevice> {
     let f = Fills::load(gpu)?;
-    let d = shape.hidden;
+    let (d, a) = (shape.hidden, shape.attn_dim());
     let zc = Uniform::symmetric(ZC_NORM);
+    let (in_std, o_std) = (projection_std(d), projection_std(a));
+    let (in_proj, o_proj) = if nvfp4 {
+        // One global scale for the four stacked matrices (same std): the boundaries all at the end.
+        let rows = shape.in_rows() as u32;
+        let (packed, scales) = f.new_nvfp4(gpu, shape.in_rows() * d, d, seed, tag::QSA_IN_PROJ)?;
+        let s = nvfp4_scale_2(in_std);
+        let in_proj = MatrixOnDevice::Nvfp4 { packed, scales, scale2: gpu.upload(&[s, s, s, s])?, segs: [rows; 3] };
+        let (packed, scales) = f.new_nvfp4(gpu, d * a, a, seed, tag::QSA_O_PROJ)?;
+        let o_scale2 = gpu.upload(&[nvfp4_scale_2(o_std), 0.0, 0.0, 0.0])?;
+        (in_proj, MatrixOnDevice::Nvfp4 { packed, scales, scale2: o_scale2, segs: [d as u32; 3] })
+    } else {
+        (
+            MatrixOnDevice::Bf16(f.new_bf16(
+                gpu,
+                shape.in_rows() * d,
+                seed,
+                tag::QSA_IN_PROJ,
+                Uniform::with_std(in_std),
+            )?),
+            MatrixOnDevice::Bf16(f.new_bf16(gpu, d * a, seed, tag::QSA_O_PROJ, Uniform::with_std(o_std))?),
+        )
+    };
     Ok(QsaWeightsOnDevice {
         shape,
-        in_proj: f.new_bf16(gpu, shape.in_rows() * d, seed, tag::QSA_IN_PROJ, Uniform::with_std(projection_std(d)))?,
-        o_proj: f.new_bf16(
-            gpu,
-            d * shape.attn_dim(),
-            seed,
-            tag::QSA_O_PROJ,
-            Uniform::with_std(projection_std(shape.attn_dim())),
-        )?,
+        in_proj,
+        o_proj,
         q_norm: f.new_bf16(gpu, shape.head_dim, seed, tag::QSA_Q_NORM, zc)?,
         k_norm: f.new_bf16(gpu, shape.head_dim, seed, tag::QSA_K_NORM, zc)?,
         index_q_norm: f.new_bf16(gpu, shape.index_dim, seed, tag::QSA_INDEX_Q_NORM, zc)?,
@@ -567,8 +596,14 @@ pub fn layer(gpu: &Gpu, cfg: &ModelConfig, layer: usize, formats: &Formats, seed
         .get(layer)
         .ok_or_else(|| Error::Buffer(format!("layer {layer} of a {}-layer config", cfg.num_layers)))?;
     let mixer = match kind {
-        LayerKind::Gdn => MixerOnDevice::Gdn(gdn(gpu, GdnShape::from_config(cfg)?, formats.gdn_in_proj, part(1))?),
-        LayerKind::Qsa => MixerOnDevice::Qsa(qsa(gpu, QsaShape::from_config(cfg)?, part(1))?),
+        LayerKind::Gdn => MixerOnDevice::Gdn(gdn(
+            gpu,
+            GdnShape::from_config(cfg)?,
+            formats.gdn_in_proj,
+            formats.gdn_out_proj,
+            part(1),
+        )?),
+        LayerKind::Qsa => MixerOnDevice::Qsa(qsa(gpu, QsaShape::from_config(cfg)?, formats.qsa, part(1))?),
     };
     let ple_weights =
         if cfg.is_ple_layer(layer) { Some(ple(gpu, PleShape::from_config(cfg)?, part(4))?) } else { None };
@@ -647,12 +682,15 @@ pub fn synthetic_weight_bytes(cfg: &ModelConfig, formats: &Formats) -> Result<We
     let mix = sites * mix_shape(cfg, true).weight_bytes(formats.mix) + mix_shape(cfg, false).weight_bytes(formats.mix);
     let count = |k| cfg.layer_kinds.iter().filter(|&&x| x == k).count();
     let gdn = if count(LayerKind::Gdn) > 0 {
-        count(LayerKind::Gdn) * GdnShape::from_config(cfg)?.weight_bytes(formats.gdn_in_proj)
+        count(LayerKind::Gdn) * GdnShape::from_config(cfg)?.weight_bytes(formats.gdn_in_proj, formats.gdn_out_proj)
     } else {
         0
     };
-    let qsa =
-        if count(LayerKind::Qsa) > 0 { count(LayerKind::Qsa) * QsaShape::from_config(cfg)?.weight_bytes() } else { 0 };
+    let qsa = if count(LayerKind::Qsa) > 0 {
+        count(LayerKind::Qsa) * QsaShape::from_config(cfg)?.weight_bytes(formats.qsa)
+    } else {
+        0
+    };
     let moe_sh = moe_shape(cfg);
     let moe = cfg.num_layers * moe_weight_bytes(&moe_sh, formats.experts);
     let (ple, ple_table, ple_rows) = if cfg.ple_layers.is_empty() {

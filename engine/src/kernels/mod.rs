@@ -5,6 +5,7 @@ pub mod embed;
 pub mod fill;
 pub mod gdn;
 pub mod gemv_bf16;
+pub mod gemv_nvfp4;
 pub mod lm_head;
 pub mod mix;
 pub mod moe;
@@ -18,6 +19,7 @@ use kernel_dsl::AnyKernel;
 /// Every kernel, in a stable order.
 pub static ALL: &[&dyn AnyKernel] = &[
     &gemv_bf16::gemv_bf16::ERASED,
+    &gemv_nvfp4::gemv_nvfp4::ERASED,
     &mix::mix_down_bf16::ERASED,
     &mix::mix_up_bf16::ERASED,
     &mix::mix_down_nvfp4::ERASED,

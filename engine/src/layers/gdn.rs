@@ -6,7 +6,8 @@
 //!    gates β and α in the epilogue;
 //! 2. the state update: the l2 norms of q and k, the delta rule on the state (read once, written
 //!    once), o = Sᵀq̂;
-//! 3. out_proj, bf16 in both formats (an NVFP4 GEMV for it is not written yet).
+//! 3. out_proj: [`gemv_bf16`], or [`gemv_nvfp4`] for NVFP4 weights (with the plain GEMV paths
+//!    below), or [`gdn_out_proj`] (bf16, the norm in its prologue).
 //!
 //! Where the gated RMSNorm of o goes is a choice of [`GdnTiles::norm_at`] ([`NormAt`]):
 //!
@@ -39,6 +40,8 @@ use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
 use crate::kernels::gdn::out_proj::gdn_out_proj;
 use crate::kernels::gdn::state_update::gdn_state_update;
 use crate::kernels::gemv_bf16::gemv_bf16;
+use crate::kernels::gemv_nvfp4::gemv_nvfp4;
+use crate::layers::matrix::MatrixOnDevice;
 use crate::model::config::ModelConfig;
 use crate::model::nvfp4::Nvfp4Matrix;
 use crate::model::weights::GdnWeights;
@@ -133,26 +136,27 @@ impl GdnShape {
         if nvfp4 { v / 2 + v / 16 + 4 * 4 } else { 2 * v }
     }
 
-    /// Bytes of the layer's weights: the input projection in its format, out_proj, the conv and
-    /// the norm in bf16, A_log and dt_bias in f32.
-    pub fn weight_bytes(&self, nvfp4_in_proj: bool) -> usize {
+    /// Bytes of out_proj's weights: bf16, or NVFP4 (codes, e4m3 block scales, one global scale).
+    pub fn out_proj_weight_bytes(&self, nvfp4: bool) -> usize {
+        let v = self.hidden * self.z_dim();
+        if nvfp4 { v / 2 + v / 16 + 4 } else { 2 * v }
+    }
+
+    /// Bytes of the layer's weights: the input projection and out_proj in their formats, the conv
+    /// and the norm in bf16, A_log and dt_bias in f32.
+    pub fn weight_bytes(&self, nvfp4_in_proj: bool, nvfp4_out_proj: bool) -> usize {
         self.in_proj_weight_bytes(nvfp4_in_proj)
-            + 2 * (self.hidden * self.z_dim() + CONV_KERNEL * self.conv_dim() + self.value_dim)
+            + self.out_proj_weight_bytes(nvfp4_out_proj)
+            + 2 * (CONV_KERNEL * self.conv_dim() + self.value_dim)
             + 4 * 2 * self.value_heads
     }
 
     /// Bytes one token's pass over the layer must move at least: the weights, x, the conv history
     /// read and written, the state update's traffic, y.
-    pub fn layer_bytes(&self, nvfp4_in_proj: bool) -> usize {
+    pub fn layer_bytes(&self, nvfp4_in_proj: bool, nvfp4_out_proj: bool) -> usize {
         let d = self.hidden;
         let conv_hist = 2 * 4 * (CONV_KERNEL - 1) * self.conv_dim();
-        self.weight_bytes(nvfp4_in_proj) + 2 * d + conv_hist + self.state_update_bytes() + 2 * d
-    }
-
-    /// [`GdnShape::layer_bytes`] if out_proj were NVFP4 too: a projection for a GEMV not written.
-    pub fn layer_bytes_all_nvfp4(&self) -> usize {
-        let v = self.hidden * self.z_dim();
-        self.layer_bytes(true) - 2 * v + v / 2 + v / 16 + 4
+        self.weight_bytes(nvfp4_in_proj, nvfp4_out_proj) + 2 * d + conv_hist + self.state_update_bytes() + 2 * d
     }
 }
 
@@ -184,8 +188,8 @@ pub struct GdnWeightsOnDevice {
     pub dt_bias: DeviceBuffer<f32>,
     /// [value_dim].
     pub norm: DeviceBuffer<bf16>,
-    /// [hidden, z_dim].
-    pub out_proj: DeviceBuffer<bf16>,
+    /// [hidden, z_dim]: bf16, or NVFP4 (run by [`gemv_nvfp4`], the plain GEMV paths only).
+    pub out_proj: MatrixOnDevice,
 }
 
 impl GdnWeightsOnDevice {
@@ -260,8 +264,21 @@ impl GdnWeightsOnDevice {
             a_log: gpu.upload(&w.a_log)?,
             dt_bias: gpu.upload(&w.dt_bias)?,
             norm: gpu.upload(&to_bf16(&w.norm))?,
-            out_proj: gpu.upload(&to_bf16(&w.out.w))?,
+            out_proj: MatrixOnDevice::bf16(gpu, &w.out.w)?,
         })
+    }
+
+    /// These weights with out_proj replaced by `m` in NVFP4 ([hidden, z_dim]).
+    pub fn with_nvfp4_out_proj(mut self, gpu: &Gpu, m: &Nvfp4Matrix) -> Result<Self> {
+        let (rows, cols) = (self.shape.hidden, self.shape.z_dim());
+        if m.rows != rows {
+            return Err(Error::Buffer(format!(
+                "GDN out_proj in NVFP4: {} rows for a shape that needs [{rows}, {cols}]",
+                m.rows
+            )));
+        }
+        self.out_proj = MatrixOnDevice::nvfp4(gpu, "GDN out_proj", &[m], cols)?;
+        Ok(self)
     }
 }
 
@@ -359,6 +376,8 @@ pub struct GdnTiles {
     pub out_proj_normed: gdn_out_proj::Tiles,
     pub state_update: gdn_state_update::Tiles,
     pub out_proj: gemv_bf16::Tiles,
+    /// out_proj when its weights are NVFP4 (with the plain GEMV paths).
+    pub out_proj_nvfp4: gemv_nvfp4::Tiles,
 }
 
 impl Default for GdnTiles {
@@ -376,6 +395,9 @@ impl Default for GdnTiles {
             // out_proj is 2560 × 6144: split K four ways so its 320 row tiles fill the SMs
             // (H200, benches/gdn.rs: 10.5 µs against 15.1 µs unsplit).
             out_proj: gemv_bf16::Tiles { k_split: 4, ..TileSet::DEFAULT },
+            // The same split in NVFP4 (H200, benches/gemv_nvfp4.rs: 6.83 µs against 14.48
+            // unsplit and 10.22 for the bf16 GEMV).
+            out_proj_nvfp4: gemv_nvfp4::Tiles { k_split: 4, ..TileSet::DEFAULT },
         }
     }
 }
@@ -406,6 +428,27 @@ impl GdnTiles {
         if dims.grid[0] as usize > shape.hidden || dims.grid[1] as usize > MAX_OUT_SPLIT {
             return Err(kernel_dsl::LaunchError {
                 kernel,
+                message: "out_proj's scratch is sized for 16 splits and one counter per row".to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether out_proj in NVFP4 can run `shape` at these tiles: the plain GEMV paths only (the
+    /// norm in out_proj's prologue has a bf16 kernel alone), its requirements, its scratch.
+    pub fn check_out_proj_nvfp4(&self, shape: GdnShape) -> std::result::Result<(), kernel_dsl::LaunchError> {
+        use kernel_dsl::KernelDef;
+        if !self.norm_at.plain_out_proj() {
+            return Err(kernel_dsl::LaunchError {
+                kernel: "gdn_out_proj",
+                message: "out_proj with the norm in its prologue has no NVFP4 kernel".to_owned(),
+            });
+        }
+        let a = GdnLaunches::unbound(shape, false);
+        let dims = gemv_nvfp4::Kernel::launch_dims(&self.out_proj_nvfp4, &a.out_proj_nvfp4)?;
+        if dims.grid[0] as usize > shape.hidden || dims.grid[1] as usize > MAX_OUT_SPLIT {
+            return Err(kernel_dsl::LaunchError {
+                kernel: "gemv_nvfp4",
                 message: "out_proj's scratch is sized for 16 splits and one counter per row".to_owned(),
             });
         }
@@ -456,6 +499,11 @@ impl GdnTiles {
         }
         if norm_at.plain_out_proj() {
             t.out_proj = pick::<gemv_bf16::Kernel>(&a.out_proj, tries(d.out_proj), out_ok)?;
+            // NVFP4 out_proj is optional: a shape none of its tiles cover keeps the default, and
+            // `check_out_proj_nvfp4` refuses it where NVFP4 is asked for.
+            if let Some(n) = pick::<gemv_nvfp4::Kernel>(&a.out_proj_nvfp4, tries(d.out_proj_nvfp4), out_ok) {
+                t.out_proj_nvfp4 = n;
+            }
         } else {
             t.out_proj_normed = pick::<gdn_out_proj::Kernel>(&a.out_proj_normed, tries(d.out_proj_normed), out_ok)?;
         }
@@ -483,6 +531,8 @@ pub struct GdnKernels {
     pub in_proj: LoadedKernel<gdn_in_proj_bf16::Kernel>,
     pub in_proj_nvfp4: LoadedKernel<gdn_in_proj_nvfp4::Kernel>,
     pub path: NormPath,
+    /// out_proj for NVFP4 weights (the plain GEMV paths).
+    pub out_proj_nvfp4: LoadedKernel<gemv_nvfp4::Kernel>,
 }
 
 impl GdnKernels {
@@ -501,7 +551,12 @@ impl GdnKernels {
                 out_proj: gpu.kernel(tiles.out_proj)?,
             },
         };
-        Ok(GdnKernels { in_proj: gpu.kernel(tiles.in_proj)?, in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?, path })
+        Ok(GdnKernels {
+            in_proj: gpu.kernel(tiles.in_proj)?,
+            in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?,
+            path,
+            out_proj_nvfp4: gpu.kernel(tiles.out_proj_nvfp4)?,
+        })
     }
 }
 
@@ -530,6 +585,9 @@ pub struct GdnLaunches {
     pub out_proj_normed: gdn_out_proj::Args,
     pub state_update: gdn_state_update::Args,
     pub out_proj: gemv_bf16::Args,
+    pub out_proj_nvfp4: gemv_nvfp4::Args,
+    /// Whether out_proj's weights are NVFP4 (then `out_proj_nvfp4` runs in place of the bf16 GEMV).
+    pub nvfp4_out_proj: bool,
 }
 
 /// Every address of a pass, so that one function builds the arguments both for a pass and for
@@ -538,9 +596,11 @@ struct Addresses {
     x: u64,
     y: u64,
     /// in_proj (bf16 values or NVFP4 codes), NVFP4 block scales, NVFP4 global scales, conv,
-    /// a_log, dt_bias, norm, out_proj.
-    w: [u64; 8],
+    /// a_log, dt_bias, norm, out_proj (bf16 values or NVFP4 codes), out_proj's NVFP4 block
+    /// scales and global scale.
+    w: [u64; 10],
     nvfp4: bool,
+    nvfp4_out_proj: bool,
     /// conv_hist, state.
     st: [u64; 2],
     /// proj, o, head_counters, normed, out_partial, out_counters.
@@ -562,6 +622,8 @@ impl GdnLaunches {
                 ([packed.ptr().addr(), scales.ptr().addr(), scale2.ptr().addr()], true)
             }
         };
+        let (out_proj, _) = w.out_proj.addresses();
+        let nvfp4_out_proj = w.out_proj.is_nvfp4();
         let a = Addresses {
             x: x.addr(),
             y: y.addr(),
@@ -573,9 +635,12 @@ impl GdnLaunches {
                 w.a_log.ptr().addr(),
                 w.dt_bias.ptr().addr(),
                 w.norm.ptr().addr(),
-                w.out_proj.ptr().addr(),
+                out_proj[0],
+                out_proj[1],
+                out_proj[2],
             ],
             nvfp4,
+            nvfp4_out_proj,
             st: [st.conv_hist.ptr_mut().addr(), st.state.ptr_mut().addr()],
             s: [
                 s.proj.ptr_mut().addr(),
@@ -591,7 +656,10 @@ impl GdnLaunches {
 
     /// The launches with every address 0: for checking a shape against tiles.
     pub fn unbound(shape: GdnShape, nvfp4: bool) -> GdnLaunches {
-        GdnLaunches::build(shape, &Addresses { x: 0, y: 0, w: [0; 8], nvfp4, st: [0; 2], s: [0; 6] })
+        GdnLaunches::build(
+            shape,
+            &Addresses { x: 0, y: 0, w: [0; 10], nvfp4, nvfp4_out_proj: false, st: [0; 2], s: [0; 6] },
+        )
     }
 
     fn build(sh: GdnShape, a: &Addresses) -> GdnLaunches {
@@ -602,7 +670,7 @@ impl GdnLaunches {
             DevPtrMut::from_addr(addr)
         }
         let u = |v: usize| v as u32;
-        let [in_proj, in_scales, in_scale2, conv, a_log, dt_bias, norm, out_proj] = a.w;
+        let [in_proj, in_scales, in_scale2, conv, a_log, dt_bias, norm, out_proj, out_scales, out_scale2] = a.w;
         let [conv_hist, state] = a.st;
         let [proj, o, head_counters, normed, out_partial, out_counters] = a.s;
         let in_proj = if a.nvfp4 {
@@ -697,6 +765,21 @@ impl GdnLaunches {
                 rows: u(sh.hidden),
                 cols: u(sh.z_dim()),
             },
+            out_proj_nvfp4: gemv_nvfp4::Args {
+                packed: r(out_proj),
+                scales: r(out_scales),
+                scale2: r(out_scale2),
+                x: r(normed),
+                y: w(a.y),
+                partial: w(out_partial),
+                counters: w(out_counters),
+                rows: u(sh.hidden),
+                cols: u(sh.z_dim()),
+                seg1: u(sh.hidden),
+                seg2: u(sh.hidden),
+                seg3: u(sh.hidden),
+            },
+            nvfp4_out_proj: a.nvfp4_out_proj,
         }
     }
 
@@ -721,7 +804,13 @@ impl GdnLaunches {
                     NormPath::InDeltaRuleBlock { delta_rule, .. } => delta_rule.launch(gpu, &self.delta_rule_normed),
                 },
                 Stage::OutProj => match &k.path {
+                    NormPath::InOutProj { .. } if self.nvfp4_out_proj => {
+                        Err(Error::Buffer("GDN: out_proj with the norm in its prologue has no NVFP4 kernel".to_owned()))
+                    }
                     NormPath::InOutProj { out_proj, .. } => out_proj.launch(gpu, &self.out_proj_normed),
+                    NormPath::InStateUpdate { .. } | NormPath::InDeltaRuleBlock { .. } if self.nvfp4_out_proj => {
+                        k.out_proj_nvfp4.launch(gpu, &self.out_proj_nvfp4)
+                    }
                     NormPath::InStateUpdate { out_proj, .. } | NormPath::InDeltaRuleBlock { out_proj, .. } => {
                         out_proj.launch(gpu, &self.out_proj)
                     }
@@ -786,12 +875,14 @@ mod tests {
         let b = PUBLISHED.state_update_bytes() as f64;
         assert!((6.29e6..6.6e6).contains(&b), "{b}");
         // ~58 M bf16 weights: ~116 MB, plus the state.
-        let l = PUBLISHED.layer_bytes(false) as f64;
+        let l = PUBLISHED.layer_bytes(false, false) as f64;
         assert!((122e6..124e6).contains(&l), "{l}");
         // The 42 M input-projection values at 0.5625 B instead of 2.
-        let saved = (PUBLISHED.layer_bytes(false) - PUBLISHED.layer_bytes(true)) as f64;
+        let saved = (PUBLISHED.layer_bytes(false, false) - PUBLISHED.layer_bytes(true, false)) as f64;
         assert!((saved - 16480.0 * 2560.0 * 1.4375).abs() < 100.0, "{saved}");
-        assert!(PUBLISHED.layer_bytes_all_nvfp4() < PUBLISHED.layer_bytes(true));
+        // And out_proj's 15.7 M (less its one global scale).
+        let saved = (PUBLISHED.layer_bytes(true, false) - PUBLISHED.layer_bytes(true, true)) as f64;
+        assert!((saved - 2560.0 * 6144.0 * 1.4375 + 4.0).abs() < 1.0, "{saved}");
     }
 
     #[test]
@@ -802,6 +893,8 @@ mod tests {
             for nvfp4 in [false, true] {
                 let t = GdnTiles::fitting(PUBLISHED, nvfp4, norm_at).expect("fitting tiles");
                 assert_eq!(t, GdnTiles { norm_at, ..GdnTiles::default() });
+                // NVFP4 out_proj runs with the plain GEMV paths only.
+                assert_eq!(t.check_out_proj_nvfp4(PUBLISHED).is_ok(), norm_at.plain_out_proj(), "{norm_at:?}");
             }
         }
     }

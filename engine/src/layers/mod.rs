@@ -3,6 +3,7 @@
 
 pub mod gdn;
 pub mod lm_head;
+pub mod matrix;
 pub mod mix;
 pub mod moe;
 pub mod ple;

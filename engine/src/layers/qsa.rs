@@ -2,8 +2,9 @@
 //! them, its caches (keys and values, the indexer's raw keys and pooled block keys) sized at load
 //! for a context length, its scratch, and its seven launches:
 //!
-//! 1. the stacked projection [q_proj; k_proj; v_proj; index_qk_proj]·x: one bf16 GEMV
-//!    ([`gemv_bf16`]) over one read of x, its output in bf16 (what [`qsa_prepare`] reads);
+//! 1. the stacked projection [q_proj; k_proj; v_proj; index_qk_proj]·x: one GEMV over one read
+//!    of x ([`gemv_bf16`], or [`gemv_nvfp4`] with the four matrices' global scales), its output
+//!    in bf16 (what [`qsa_prepare`] reads);
 //! 2. [`qsa_prepare`]: the zero-centred norms and partial RoPE of q, k and the index queries, the
 //!    cache appends, and the pooled key of a block that completes;
 //! 3. [`qsa_block_scores`]: every complete block's score against the index queries;
@@ -11,7 +12,7 @@
 //!    [`qsa_top_blocks_grid`] (many blocks and grid barriers), as [`TopK`] chooses;
 //! 5. [`qsa_attention`]: gated GQA through the selection plus the tail, split over tokens;
 //! 6. [`qsa_attention_combine`]: the splits combined, σ(gate) applied, o in bf16;
-//! 7. o_proj: the bf16 GEMV, split-K.
+//! 7. o_proj: the GEMV (bf16 or NVFP4), split-K.
 //!
 //! Every launch reads the token's position from one device word ([`QsaContext::position`]) and
 //! every count it depends on from device memory, so one captured graph serves every position:
@@ -26,13 +27,16 @@ use kernel_dsl::{DevPtr, DevPtrMut, KernelDef, LaunchError, TileSet};
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
 use crate::kernels::gemv_bf16::gemv_bf16;
+use crate::kernels::gemv_nvfp4::gemv_nvfp4;
 use crate::kernels::qsa::attention::qsa_attention;
 use crate::kernels::qsa::block_scores::qsa_block_scores;
 use crate::kernels::qsa::combine::qsa_attention_combine;
 use crate::kernels::qsa::prepare::qsa_prepare;
 use crate::kernels::qsa::top_blocks::qsa_top_blocks;
 use crate::kernels::qsa::top_blocks_grid::{self, qsa_top_blocks_grid};
+use crate::layers::matrix::{MatrixOnDevice, matrix_bytes};
 use crate::model::config::ModelConfig;
+use crate::model::nvfp4::Nvfp4Matrix;
 use crate::model::weights::QsaWeights;
 use crate::reference::rope::Rope;
 
@@ -108,9 +112,12 @@ impl QsaShape {
         context.max(1).div_ceil(4 * self.block_tokens) * 4 * self.block_tokens
     }
 
-    /// Bytes of the layer's weights (bf16): the stacked projection, o_proj, the four norms.
-    pub fn weight_bytes(&self) -> usize {
-        2 * (self.in_rows() * self.hidden + self.hidden * self.attn_dim() + 2 * self.head_dim + 2 * self.index_dim)
+    /// Bytes of the layer's weights: the stacked projection and o_proj (bf16, or NVFP4 when
+    /// `nvfp4`), the four norms in bf16.
+    pub fn weight_bytes(&self, nvfp4: bool) -> usize {
+        matrix_bytes(self.in_rows(), self.hidden, nvfp4)
+            + matrix_bytes(self.hidden, self.attn_dim(), nvfp4)
+            + 2 * (2 * self.head_dim + 2 * self.index_dim)
     }
 
     /// Bytes one token at `position` must move at least: the weights, x and y, the cache
@@ -118,12 +125,12 @@ impl QsaShape {
     /// f32), the pooled keys of every complete block, the scores written and read back, and the
     /// selected tokens' key and value rows (every token while the blocks fit the budget, else
     /// `top` blocks plus the tail).
-    pub fn layer_bytes(&self, position: usize) -> usize {
+    pub fn layer_bytes(&self, position: usize, nvfp4: bool) -> usize {
         let c = self.block_tokens;
         let complete = (position + 1) / c;
         let attended = complete.min(self.top) * c + (position + 1 - complete * c);
         let appends = 2 * 2 * self.kv_dim() + 2 * 4 * self.index_dim;
-        self.weight_bytes()
+        self.weight_bytes(nvfp4)
             + 2 * 2 * self.hidden
             + appends
             + 4 * complete * self.index_dim
@@ -146,14 +153,15 @@ pub fn stack_in_proj(w: &QsaWeights) -> Vec<bf16> {
     [&w.q, &w.k, &w.v, &w.index_qk].iter().flat_map(|l| l.w.iter().map(|&v| bf16::from_f32(v))).collect()
 }
 
-/// A QSA layer's weights on the device, bf16.
+/// A QSA layer's weights on the device: the projections bf16 or NVFP4, the norms bf16.
 #[derive(Debug)]
 pub struct QsaWeightsOnDevice {
     pub shape: QsaShape,
-    /// [in_rows, hidden]: see [`QsaShape::in_rows`].
-    pub in_proj: DeviceBuffer<bf16>,
+    /// [in_rows, hidden]: see [`QsaShape::in_rows`]; in NVFP4 the four matrices with their own
+    /// global scales.
+    pub in_proj: MatrixOnDevice,
     /// [hidden, attn_dim].
-    pub o_proj: DeviceBuffer<bf16>,
+    pub o_proj: MatrixOnDevice,
     /// [head_dim] each.
     pub q_norm: DeviceBuffer<bf16>,
     pub k_norm: DeviceBuffer<bf16>,
@@ -189,13 +197,42 @@ impl QsaWeightsOnDevice {
         let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
         Ok(QsaWeightsOnDevice {
             shape,
-            in_proj: gpu.upload(&stack_in_proj(w))?,
-            o_proj: gpu.upload(&to_bf16(&w.o.w))?,
+            in_proj: MatrixOnDevice::Bf16(gpu.upload(&stack_in_proj(w))?),
+            o_proj: MatrixOnDevice::bf16(gpu, &w.o.w)?,
             q_norm: gpu.upload(&to_bf16(&w.q_norm))?,
             k_norm: gpu.upload(&to_bf16(&w.k_norm))?,
             index_q_norm: gpu.upload(&to_bf16(&w.index_q_norm))?,
             index_k_norm: gpu.upload(&to_bf16(&w.index_k_norm))?,
         })
+    }
+}
+
+impl QsaWeightsOnDevice {
+    /// These weights with the projections replaced by NVFP4 ones: `in_proj` the four matrices
+    /// [q_proj (with its gate rows), k_proj, v_proj, index_qk_proj], `o_proj` [hidden, attn_dim].
+    pub fn with_nvfp4_projections(
+        mut self,
+        gpu: &Gpu,
+        in_proj: [&Nvfp4Matrix; 4],
+        o_proj: &Nvfp4Matrix,
+    ) -> Result<Self> {
+        let sh = self.shape;
+        let rows = [2 * sh.attn_dim(), sh.kv_dim(), sh.kv_dim(), (sh.index_heads + 1) * sh.index_dim];
+        let names = ["q_proj", "k_proj", "v_proj", "index_qk_proj"];
+        for ((m, r), name) in in_proj.iter().zip(rows).zip(names) {
+            if m.rows != r {
+                return Err(Error::Buffer(format!("QSA {name} in NVFP4: {} rows for a shape that needs {r}", m.rows)));
+            }
+        }
+        if o_proj.rows != sh.hidden {
+            return Err(Error::Buffer(format!(
+                "QSA o_proj in NVFP4: {} rows for a shape that needs {}",
+                o_proj.rows, sh.hidden
+            )));
+        }
+        self.in_proj = MatrixOnDevice::nvfp4(gpu, "QSA in_proj", &in_proj, sh.hidden)?;
+        self.o_proj = MatrixOnDevice::nvfp4(gpu, "QSA o_proj", &[o_proj], sh.attn_dim())?;
+        Ok(self)
     }
 }
 
@@ -372,6 +409,9 @@ pub struct QsaTiles {
     pub attention: qsa_attention::Tiles,
     pub combine: qsa_attention_combine::Tiles,
     pub o_proj: gemv_bf16::Tiles,
+    /// The projections' GEMVs when the weights are NVFP4.
+    pub in_proj_nvfp4: gemv_nvfp4::Tiles,
+    pub o_proj_nvfp4: gemv_nvfp4::Tiles,
 }
 
 impl Default for QsaTiles {
@@ -387,6 +427,10 @@ impl Default for QsaTiles {
             // o_proj is 2560 × 6144, the shape of GDN's out_proj: split K four ways as it does
             // (H200, benches/gdn.rs: 10.5 µs against 15.1 µs unsplit).
             o_proj: gemv_bf16::Tiles { k_split: 4, ..TileSet::DEFAULT },
+            // H200, benches/gemv_nvfp4.rs: the stacked projection 10.66 µs with 8 warps a block
+            // against 14.46 at 4 (bf16: 18.17); o_proj split as out_proj is.
+            in_proj_nvfp4: gemv_nvfp4::Tiles { warps: 8, ..TileSet::DEFAULT },
+            o_proj_nvfp4: gemv_nvfp4::Tiles { k_split: 4, ..TileSet::DEFAULT },
         }
     }
 }
@@ -421,7 +465,36 @@ impl QsaTiles {
                 tiles.k_split /= 2;
             }
         }
+        // NVFP4: lower the split, then the lanes a row (16 values each), until the shape fits;
+        // one that never fits keeps the default and `check_nvfp4` refuses it.
+        for (tiles, args) in [(&mut t.in_proj_nvfp4, &a.in_proj_nvfp4), (&mut t.o_proj_nvfp4, &a.o_proj_nvfp4)] {
+            let mut v = *tiles;
+            while gemv_nvfp4::Kernel::launch_dims(&v, args).is_err() && (v.k_split > 1 || v.lanes > 8) {
+                if v.k_split > 1 { v.k_split /= 2 } else { v.lanes /= 2 }
+            }
+            if gemv_nvfp4::Kernel::launch_dims(&v, args).is_ok() {
+                *tiles = v;
+            }
+        }
         t
+    }
+
+    /// Whether the NVFP4 projections' GEMVs can run `shape` at these tiles (with their scratch).
+    pub fn check_nvfp4(&self, shape: QsaShape) -> std::result::Result<(), LaunchError> {
+        let a = QsaLaunches::unbound(shape, 4 * shape.block_tokens, self.attention);
+        for (name, tiles, args, rows) in [
+            ("gemv_nvfp4 (QSA in_proj)", &self.in_proj_nvfp4, &a.in_proj_nvfp4, shape.in_rows()),
+            ("gemv_nvfp4 (QSA o_proj)", &self.o_proj_nvfp4, &a.o_proj_nvfp4, shape.hidden),
+        ] {
+            let dims = gemv_nvfp4::Kernel::launch_dims(tiles, args)?;
+            if dims.grid[0] as usize > rows || dims.grid[1] as usize > MAX_SPLIT {
+                return Err(LaunchError {
+                    kernel: name,
+                    message: "the GEMV's scratch is sized for 16 splits and one counter per row".to_owned(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Whether these tiles can run `shape` with caches of `capacity` tokens: each kernel's
@@ -469,6 +542,8 @@ pub struct QsaKernels {
     pub attention: LoadedKernel<qsa_attention::Kernel>,
     pub combine: LoadedKernel<qsa_attention_combine::Kernel>,
     pub o_proj: LoadedKernel<gemv_bf16::Kernel>,
+    pub in_proj_nvfp4: LoadedKernel<gemv_nvfp4::Kernel>,
+    pub o_proj_nvfp4: LoadedKernel<gemv_nvfp4::Kernel>,
 }
 
 /// The loaded top-k kernel of [`TopK`]'s choice.
@@ -505,6 +580,8 @@ impl QsaKernels {
             attention: gpu.kernel(tiles.attention)?,
             combine: gpu.kernel(tiles.combine)?,
             o_proj: gpu.kernel(tiles.o_proj)?,
+            in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?,
+            o_proj_nvfp4: gpu.kernel(tiles.o_proj_nvfp4)?,
         })
     }
 }
@@ -544,6 +621,10 @@ pub struct QsaLaunches {
     pub attention: qsa_attention::Args,
     pub combine: qsa_attention_combine::Args,
     pub o_proj: gemv_bf16::Args,
+    pub in_proj_nvfp4: gemv_nvfp4::Args,
+    pub o_proj_nvfp4: gemv_nvfp4::Args,
+    /// Whether the projections' weights are NVFP4 (then the `_nvfp4` launches run).
+    pub nvfp4: bool,
 }
 
 /// Every address of a pass, so that one function builds the arguments both for a pass and for
@@ -552,8 +633,10 @@ pub struct QsaLaunches {
 struct Addresses {
     x: u64,
     y: u64,
-    /// in_proj, o_proj, q_norm, k_norm, index_q_norm, index_k_norm.
+    /// in_proj, o_proj (bf16 values or NVFP4 codes), q_norm, k_norm, index_q_norm, index_k_norm.
     w: [u64; 6],
+    /// NVFP4 only: in_proj's block scales and global scales, o_proj's; in_proj's row boundaries.
+    nvfp4: Option<([u64; 4], [u32; 3])>,
     /// rope, position.
     ctx: [u64; 2],
     /// k, v, index_keys, block_keys.
@@ -584,12 +667,22 @@ impl QsaLaunches {
             )));
         }
         k.tiles.check(w.shape, ctx.capacity)?;
+        let ((in_proj, segs), (o_proj, _)) = (w.in_proj.addresses(), w.o_proj.addresses());
+        let nvfp4 = match (w.in_proj.is_nvfp4(), w.o_proj.is_nvfp4()) {
+            (true, true) => {
+                k.tiles.check_nvfp4(w.shape)?;
+                Some(([in_proj[1], in_proj[2], o_proj[1], o_proj[2]], segs))
+            }
+            (false, false) => None,
+            _ => return Err(Error::Buffer("QSA: the two projections must be in one format".to_owned())),
+        };
         let a = Addresses {
             x: x.addr(),
             y: y.addr(),
+            nvfp4,
             w: [
-                w.in_proj.ptr().addr(),
-                w.o_proj.ptr().addr(),
+                in_proj[0],
+                o_proj[0],
                 w.q_norm.ptr().addr(),
                 w.k_norm.ptr().addr(),
                 w.index_q_norm.ptr().addr(),
@@ -638,6 +731,8 @@ impl QsaLaunches {
         }
         let u = |v: usize| v as u32;
         let [in_proj, o_proj, q_norm, k_norm, index_q_norm, index_k_norm] = a.w;
+        let ([in_scales, in_scale2, o_scales, o_scale2], [seg1, seg2, seg3]) =
+            a.nvfp4.unwrap_or(([0; 4], [u(sh.in_rows()); 3]));
         let [rope, position] = a.ctx;
         let [k_cache, v_cache, index_keys, block_keys] = a.caches;
         let [
@@ -759,6 +854,35 @@ impl QsaLaunches {
                 rows: u(sh.hidden),
                 cols: u(sh.attn_dim()),
             },
+            in_proj_nvfp4: gemv_nvfp4::Args {
+                packed: r(in_proj),
+                scales: r(in_scales),
+                scale2: r(in_scale2),
+                x: r(a.x),
+                y: w(proj),
+                partial: w(proj_partial),
+                counters: w(proj_counters),
+                rows: u(sh.in_rows()),
+                cols: u(sh.hidden),
+                seg1,
+                seg2,
+                seg3,
+            },
+            o_proj_nvfp4: gemv_nvfp4::Args {
+                packed: r(o_proj),
+                scales: r(o_scales),
+                scale2: r(o_scale2),
+                x: r(o),
+                y: w(a.y),
+                partial: w(out_partial),
+                counters: w(out_counters),
+                rows: u(sh.hidden),
+                cols: u(sh.attn_dim()),
+                seg1: u(sh.hidden),
+                seg2: u(sh.hidden),
+                seg3: u(sh.hidden),
+            },
+            nvfp4: a.nvfp4.is_some(),
         }
     }
 
@@ -776,6 +900,7 @@ impl QsaLaunches {
         // liveness.
         unsafe {
             match stage {
+                Stage::InProj if self.nvfp4 => k.in_proj_nvfp4.launch(gpu, &self.in_proj_nvfp4),
                 Stage::InProj => k.in_proj.launch(gpu, &self.in_proj),
                 Stage::Prepare => k.prepare.launch(gpu, &self.prepare),
                 Stage::BlockScores => k.block_scores.launch(gpu, &self.block_scores),
@@ -785,6 +910,7 @@ impl QsaLaunches {
                 },
                 Stage::Attention => k.attention.launch(gpu, &self.attention),
                 Stage::Combine => k.combine.launch(gpu, &self.combine),
+                Stage::OProj if self.nvfp4 => k.o_proj_nvfp4.launch(gpu, &self.o_proj_nvfp4),
                 Stage::OProj => k.o_proj.launch(gpu, &self.o_proj),
             }
         }
@@ -836,13 +962,13 @@ mod tests {
         assert_eq!(PUBLISHED.capacity_for(32_768), 32_768);
         assert_eq!(PUBLISHED.capacity_for(100_001), 100_016);
         // ~51.4 M bf16 weights (MODEL.md: 0.62 B over 12 layers).
-        let wb = PUBLISHED.weight_bytes() as f64;
+        let wb = PUBLISHED.weight_bytes(false) as f64;
         assert!((102.0e6..104.0e6).contains(&wb), "{wb}");
         // At 128k: the weights, 2,051 tokens of K/V (4.2 MB), 32k pooled keys (16.8 MB).
-        let extra = (PUBLISHED.layer_bytes(131_070) - PUBLISHED.weight_bytes()) as f64;
+        let extra = (PUBLISHED.layer_bytes(131_070, false) - PUBLISHED.weight_bytes(false)) as f64;
         assert!((20.0e6..22.0e6).contains(&extra), "{extra}");
         // Dense while the blocks fit: 100 tokens attended.
-        let dense = PUBLISHED.layer_bytes(99) - PUBLISHED.weight_bytes();
+        let dense = PUBLISHED.layer_bytes(99, false) - PUBLISHED.weight_bytes(false);
         assert!(dense > 4 * 100 * 512 && dense < 4 * 100 * 512 + 40_000, "{dense}");
     }
 

@@ -175,6 +175,16 @@ pub mod names {
         ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"].map(|p| format!("{}.linear_attn.{p}", layer(l)))
     }
 
+    /// Layer `l`'s GDN output projection.
+    pub fn gdn_out_proj(l: usize) -> String {
+        format!("{}.linear_attn.out_proj", layer(l))
+    }
+
+    /// Layer `l`'s QSA projections: q (with its gate rows), k, v, the indexer's stacked q/k, o.
+    pub fn qsa_projections(l: usize) -> [String; 5] {
+        ["q_proj", "k_proj", "v_proj", "indexer.index_qk_proj", "o_proj"].map(|p| format!("{}.self_attn.{p}", layer(l)))
+    }
+
     /// Layer `l`'s MoE block.
     pub fn moe(l: usize) -> String {
         format!("{}.mlp", layer(l))
@@ -260,7 +270,7 @@ impl Reader<'_> {
             dt_bias: self.vector(&format!("{p}.dt_bias"), hv)?,
             a_log: self.vector(&format!("{p}.A_log"), hv)?,
             norm: self.vector(&format!("{p}.norm.weight"), dv)?,
-            out: self.linear(&format!("{p}.out_proj"), d, hv * dv, false)?,
+            out: self.linear(&names::gdn_out_proj(l), d, hv * dv, false)?,
         })
     }
 

@@ -88,8 +88,9 @@ enum Launch {
         join: bool,
     },
     Mix(Stage, MixLaunches),
-    Gdn(GdnLaunches),
-    Qsa(QsaLaunches),
+    // Boxed: the two are the largest by far (hundreds of bytes of bound arguments each).
+    Gdn(Box<GdnLaunches>),
+    Qsa(Box<QsaLaunches>),
     Moe(MoeLaunches),
     LmHead,
 }
@@ -332,7 +333,7 @@ impl Engine {
                     let (Some(st), Some(s)) = (&mut states.gdn[l], &mut scratch.gdn) else {
                         return Err(Error::Buffer(format!("layer {l}: a GDN layer in a plan without GDN")));
                     };
-                    launches.push(Launch::Gdn(GdnLaunches::new(w, st, s, x.into(), y_mixer)));
+                    launches.push(Launch::Gdn(Box::new(GdnLaunches::new(w, st, s, x.into(), y_mixer))));
                 }
                 MixerOnDevice::Qsa(w) => {
                     let (Some(k), Some(ctx), Some(caches), Some(s)) =
@@ -340,7 +341,7 @@ impl Engine {
                     else {
                         return Err(Error::Buffer(format!("layer {l}: a QSA layer in a plan without QSA")));
                     };
-                    launches.push(Launch::Qsa(QsaLaunches::new(k, w, ctx, caches, s, x.into(), y_mixer)?));
+                    launches.push(Launch::Qsa(Box::new(QsaLaunches::new(k, w, ctx, caches, s, x.into(), y_mixer)?)));
                 }
             }
             let io = MixIo {
@@ -446,8 +447,8 @@ impl Engine {
         for layer in &self.model.layers {
             bytes += 2 * p.mix.bytes_moved(f.mix) + p.moe.bytes_read(f.experts);
             bytes += match (&layer.mixer, p.gdn, p.qsa) {
-                (MixerOnDevice::Gdn(_), Some((shape, _)), _) => shape.layer_bytes(f.gdn_in_proj),
-                (MixerOnDevice::Qsa(_), _, Some((shape, _))) => shape.layer_bytes(position),
+                (MixerOnDevice::Gdn(_), Some((shape, _)), _) => shape.layer_bytes(f.gdn_in_proj, f.gdn_out_proj),
+                (MixerOnDevice::Qsa(_), _, Some((shape, _))) => shape.layer_bytes(position, f.qsa),
                 _ => 0,
             };
             if let (Some(w), Some((shape, _))) = (&layer.ple, p.ple) {

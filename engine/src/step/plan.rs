@@ -19,7 +19,11 @@ use crate::tuned;
 
 /// Which weights are kept in NVFP4 on the device (an NVFP4 checkpoint's as stored, a bf16 one's
 /// quantised at load, or made so by the synthetic model); the rest stay bf16. Norms, convs, gates,
-/// the routers, QSA and the PLE projections are always bf16 or f32 (their kernels take those).
+/// the routers, QSA's attention and the PLE projections are always bf16 or f32 (their kernels
+/// take those).
+///
+/// A new field here is a new format choice every `Formats { .. }` literal must make: the two
+/// constants below are the usual starting points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Formats {
     /// The routed and shared experts' gate, up and down projections.
@@ -28,6 +32,10 @@ pub struct Formats {
     pub mix: bool,
     /// The GDN layers' stacked input projection.
     pub gdn_in_proj: bool,
+    /// The GDN layers' out_proj ([`crate::kernels::gemv_nvfp4`]).
+    pub gdn_out_proj: bool,
+    /// The QSA layers' stacked input projection and o_proj ([`crate::kernels::gemv_nvfp4`]).
+    pub qsa: bool,
     pub lm_head: bool,
     /// The PLE n-gram table's rows in host memory (a table file says its own; a checkpoint's
     /// tables are put in host memory in bf16).
@@ -36,11 +44,25 @@ pub struct Formats {
 
 impl Formats {
     /// Everything that has an NVFP4 kernel in NVFP4: the format of the benchmarks.
-    pub const NVFP4: Formats =
-        Formats { experts: true, mix: true, gdn_in_proj: true, lm_head: true, ple_table: RowFormat::Nvfp4 };
+    pub const NVFP4: Formats = Formats {
+        experts: true,
+        mix: true,
+        gdn_in_proj: true,
+        gdn_out_proj: true,
+        qsa: true,
+        lm_head: true,
+        ple_table: RowFormat::Nvfp4,
+    };
     /// Everything in bf16, as checkpoints ship: the format parity is checked in.
-    pub const BF16: Formats =
-        Formats { experts: false, mix: false, gdn_in_proj: false, lm_head: false, ple_table: RowFormat::Bf16 };
+    pub const BF16: Formats = Formats {
+        experts: false,
+        mix: false,
+        gdn_in_proj: false,
+        gdn_out_proj: false,
+        qsa: false,
+        lm_head: false,
+        ple_table: RowFormat::Bf16,
+    };
 
     /// [`Formats::NVFP4`] or [`Formats::BF16`].
     pub const fn all(nvfp4: bool) -> Formats {
@@ -94,6 +116,9 @@ impl StepPlan {
             let shape = GdnShape::from_config(cfg)?;
             let tiles = GdnTiles::fitting(shape, formats.gdn_in_proj, NormAt::DeltaRuleBlock)
                 .ok_or_else(|| unsupported("Gated DeltaNet layers", format!("{shape:?}")))?;
+            if formats.gdn_out_proj {
+                tiles.check_out_proj_nvfp4(shape).map_err(|e| unsupported("GDN out_proj in NVFP4", e))?;
+            }
             Some((shape, tiles))
         } else {
             None
@@ -104,6 +129,9 @@ impl StepPlan {
             capacity = shape.capacity_for(context);
             let tiles = QsaTiles { top_k: QsaTiles::for_capacity(shape, capacity).top_k, ..QsaTiles::fitting(shape) };
             tiles.check(shape, capacity).map_err(|e| unsupported("QSA layers", e))?;
+            if formats.qsa {
+                tiles.check_nvfp4(shape).map_err(|e| unsupported("QSA projections in NVFP4", e))?;
+            }
             Some((shape, tiles))
         } else {
             None

@@ -545,7 +545,7 @@ struct Gdn<'g> {
 
 pub fn gdn(gpu: &Gpu, shape: GdnShape, nvfp4: bool, plan_tiles: GdnTiles) -> Made<'_, GdnTiles> {
     let layers = (0..LAYERS)
-        .map(|l| synthetic::gdn(gpu, shape, nvfp4, 0x6d + l as u64))
+        .map(|l| synthetic::gdn(gpu, shape, nvfp4, false, 0x6d + l as u64))
         .collect::<engine::Result<Vec<_>>>()
         .map_err(err)?;
     let states =

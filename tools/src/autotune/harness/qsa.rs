@@ -104,7 +104,7 @@ pub fn qsa<'g>(gpu: &'g Gpu, cfg: &ModelConfig, shape: QsaShape, capacity: usize
     let host = host_weights(&mut rng, shape);
     let mut layers = vec![QsaWeightsOnDevice::upload_bf16(gpu, shape, &host).map_err(err)?];
     for l in 1..LAYERS {
-        layers.push(synthetic::qsa(gpu, shape, 0x95a + l as u64).map_err(err)?);
+        layers.push(synthetic::qsa(gpu, shape, false, 0x95a + l as u64).map_err(err)?);
     }
     // Caches: keys and values of standard deviation 1, raw index keys likewise, pooled keys
     // leaning positive (as normed keys do), every layer its own.

@@ -1,0 +1,173 @@
+//! The NVFP4 matrix-vector product, with split-K: the plain projections of the step (GDN's
+//! out_proj, QSA's stacked input projection and o_proj) in the format the MoE, the mix and the
+//! lm_head already stream.
+//!
+//! Why a kernel of its own: those three projections were the step's last large bf16 matrices
+//! (1.13 GB a token for GDN's out_proj alone at the published shape); in NVFP4 they move 0.5625
+//! bytes a value instead of 2, which is what decides the time on a device bound by bytes (the
+//! GB10). The products follow the lm_head's: x is staged once per block in shared memory as f16
+//! pairs with one scale per 16-value chunk (lined up with the weights' 16-value blocks), and each
+//! chunk's 16 products are an f16x2 dot (`dot_e2m1x16`: the hardware conversion on sm_121a, the
+//! software decode on sm_90) scaled into an f32 sum.
+
+use kernel_macros::kernel;
+
+/// y = W·x for W in ModelOpt's NVFP4 layout (`packed` [rows, cols / 2], the even column in the
+/// low nibble; `scales` e4m3 [rows, cols / 16]) and a bf16 vector x [cols]; f32 sums, y rounded
+/// to bf16. W may be up to four matrices of `cols` columns stacked, each quantised with its own
+/// global scale: rows below `seg1` take `scale2[0]`, below `seg2` `scale2[1]`, below `seg3`
+/// `scale2[2]`, the rest `scale2[3]` (one matrix: every `seg` = rows, `scale2` [1]).
+///
+/// A group of LANES lanes owns one row; a block's 32·WARPS / LANES groups own consecutive rows.
+/// Each lane takes 16 columns (8 bytes of codes and one block scale) per step, 16·LANES columns
+/// apart, UNROLL steps in flight, loads that bypass L1. With K_SPLIT > 1, blockIdx.y takes one of
+/// K_SPLIT column slices (so that a short matrix still fills every SM), each block stages only its
+/// slice of x, writes its partial sums to `partial` [K_SPLIT, rows], and the last block of a row
+/// tile to arrive (a counter per tile in `counters` [grid.x], zero before the first launch) adds
+/// the partials in split order, writes y and puts the counter back to zero: deterministic, and
+/// graph replays find the counters as the first launch did.
+#[kernel(
+    block = 32 * WARPS,
+    grid = (div_ceil(rows, 32 * WARPS / LANES), K_SPLIT),
+    require(
+        32 % LANES == 0,
+        cols % (K_SPLIT * 16 * LANES) == 0,
+        cols / K_SPLIT <= 8192,
+        seg1 <= seg2,
+        seg2 <= seg3,
+        seg3 <= rows,
+    ),
+)]
+pub fn gemv_nvfp4(
+    #[tile(default = 16, candidates = [8, 16, 32])] LANES: u32,
+    #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
+    #[tile(default = 1, candidates = [1, 2, 4, 8])] K_SPLIT: u32,
+    #[tile(default = 4, candidates = [1, 2, 4])] UNROLL: u32,
+    packed: &[e2m1x2],
+    scales: &[e4m3],
+    scale2: &[f32],
+    x: &[bf16],
+    y: &mut [bf16],
+    partial: &mut [f32],
+    counters: &mut [u32],
+    rows: u32,
+    cols: u32,
+    seg1: u32,
+    seg2: u32,
+    seg3: u32,
+) {
+    let split = block_idx_y();
+    let k_len = cols / K_SPLIT;
+    let k_begin = split * k_len;
+
+    // The block's slice of x: eight words (eight f16 pairs) per 16-value chunk, divided by the
+    // chunk's largest magnitude so that the f16 products cannot overflow, and that magnitude.
+    let xs = shared::<u32, 4096>();
+    let xsc = shared::<f32, 512>();
+    for chunk in (thread_idx()..k_len / 16).step_by(32 * WARPS) {
+        let lo = load_vec::<u32x4>(x, k_begin + chunk * 16);
+        let hi = load_vec::<u32x4>(x, k_begin + chunk * 16 + 8);
+        let (a, b, c, d) = (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
+        let (f, g, h, i) = (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
+        let m0 = max(
+            max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
+            max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
+        );
+        let m1 = max(
+            max(max(abs(f.x), abs(f.y)), max(abs(g.x), abs(g.y))),
+            max(max(abs(h.x), abs(h.y)), max(abs(i.x), abs(i.y))),
+        );
+        let m = max(m0, m1);
+        let inv = if m > 0.0 { 1.0 / m } else { 0.0 };
+        let s0 = stage_e2m1_x8(
+            f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
+            f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv),
+        );
+        let s1 = stage_e2m1_x8(
+            f32x4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
+            f32x4(h.x * inv, h.y * inv, i.x * inv, i.y * inv),
+        );
+        xs[chunk * 8] = s0.x;
+        xs[chunk * 8 + 1] = s0.y;
+        xs[chunk * 8 + 2] = s0.z;
+        xs[chunk * 8 + 3] = s0.w;
+        xs[chunk * 8 + 4] = s1.x;
+        xs[chunk * 8 + 5] = s1.y;
+        xs[chunk * 8 + 6] = s1.z;
+        xs[chunk * 8 + 7] = s1.w;
+        xsc[chunk] = m;
+    }
+    sync_threads();
+
+    let lane = lane_id() % LANES;
+    let groups = 32 * WARPS / LANES;
+    let row = block_idx() * groups + thread_idx() / LANES;
+    // A group past the last row sums nothing but still takes part in the warp's shuffles.
+    let active = row < rows;
+    let mut acc = 0.0;
+    if active {
+        #[unroll(UNROLL)]
+        for c in (lane * 16..k_len).step_by(16 * LANES) {
+            let at = c / 2;
+            let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
+            let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
+            let col = k_begin + c;
+            let wv = load_stream::<u32x2>(packed, row * (cols / 2) + col / 2);
+            let ws = scales[row * (cols / 16) + col / 16] as f32;
+            acc += dot_e2m1x16(wv, xa, xb) * (ws * xsc[c / 16]);
+        }
+    }
+    // The group's sum: offsets below LANES stay inside the group.
+    #[unroll]
+    for i in 0..5 {
+        let offset = 16 >> i;
+        if offset < LANES {
+            acc += shfl_xor(acc, offset);
+        }
+    }
+    // The row's matrix's global scale (a row past the end reads none).
+    if active {
+        let m = if row < seg1 {
+            0
+        } else if row < seg2 {
+            1
+        } else if row < seg3 {
+            2
+        } else {
+            3
+        };
+        acc = acc * scale2[m];
+    }
+
+    if K_SPLIT == 1 {
+        if active && lane == 0 {
+            y[row] = acc as bf16;
+        }
+    } else {
+        if active && lane == 0 {
+            partial[split * rows + row] = acc;
+        }
+        // Publish the partials before counting this block in.
+        thread_fence();
+        sync_threads();
+        let last = shared::<u32, 1>();
+        if thread_idx() == 0 {
+            let arrived = atomic_add(counters, block_idx(), 1);
+            last[0] = if arrived == K_SPLIT - 1 { 1 } else { 0 };
+        }
+        sync_threads();
+        if last[0] == 1 {
+            let r = block_idx() * groups + thread_idx();
+            if thread_idx() < groups && r < rows {
+                let mut sum = 0.0;
+                for s in 0..K_SPLIT {
+                    sum += load_cg(partial, s * rows + r);
+                }
+                y[r] = sum as bf16;
+            }
+            if thread_idx() == 0 {
+                counters[block_idx()] = 0;
+            }
+        }
+    }
+}
