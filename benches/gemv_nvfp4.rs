@@ -3,11 +3,10 @@
 //! cycling through weight copies that together exceed the L2 four times over (so every launch
 //! streams from DRAM), CUDA events around each replay.
 //!
-//! Each case prints one line: median and spread per launch, the bytes it must move, GB/s, and the
-//! fraction of the device's copy bandwidth measured in the same run. The lines also go to
-//! $OUT/bench-gemv_nvfp4.jsonl (or target/bench-gemv_nvfp4.jsonl).
+//! Each case is one record (`flashnext::bench::Recorder`): median and spread per launch, the bytes
+//! it must move, GB/s, the fraction of 4.27 TB/s and of the copy bandwidth measured in the same
+//! run, the GB10 floor; printed and appended to $OUT/bench-gemv_nvfp4.jsonl.
 
-use std::io::Write;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -19,14 +18,10 @@ use engine::layers::gdn::GdnShape;
 use engine::layers::qsa::QsaShape;
 use engine::model::config::ModelConfig;
 use engine::model::nvfp4::Nvfp4Matrix;
-use flashnext::bench::percentile;
+use flashnext::bench::{Recorder, Sample, Unit, percentile};
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
 use kernel_dsl::{E2m1x2, E4m3, KernelDef, TileSet};
-
-const H200_REFERENCE_BYTES_PER_S: f64 = 4.27e12;
-/// The GB10's streaming rate (GPU.md), for the projection.
-const GB10_BYTES_PER_S: f64 = 230e9;
 
 /// One weight format's copies of W.
 enum Weights {
@@ -226,9 +221,7 @@ fn bench_gemv_nvfp4(c: &mut Criterion) {
     let info = gpu.info().clone();
     let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
     println!("device {} ({} SMs): device-to-device copy {:.2} TB/s", info.name, info.sm_count, copy_bw / 1e12);
-    let out_dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
-    let mut jsonl =
-        std::fs::OpenOptions::new().create(true).append(true).open(out_dir.join("bench-gemv_nvfp4.jsonl")).ok();
+    let mut rec = Recorder::new(&gpu, "gemv_nvfp4", Some(copy_bw));
     let mut rng = Rng::fresh("gemv_nvfp4 bench");
 
     let mut group = c.benchmark_group("gemv_nvfp4");
@@ -272,33 +265,13 @@ fn bench_gemv_nvfp4(c: &mut Criterion) {
                 })
                 .collect();
             per_launch.sort_by(f64::total_cmp);
-            let (median, p10, p90) =
-                (percentile(&per_launch, 0.5), percentile(&per_launch, 0.1), percentile(&per_launch, 0.9));
-            let rate = bytes as f64 / median;
-            println!(
-                "{} {rows}x{cols} {label:<14} median {:7.2} us (p10 {:.2}, p90 {:.2})  {:6.0} GB/s  {:5.1}% of copy BW, {:5.1}% of 4.27 TB/s; GB10 projection {:.1} us",
-                case.name,
-                median * 1e6,
-                p10 * 1e6,
-                p90 * 1e6,
-                rate / 1e9,
-                100.0 * rate / copy_bw,
-                100.0 * rate / H200_REFERENCE_BYTES_PER_S,
-                bytes as f64 / GB10_BYTES_PER_S * 1e6,
+            let times = (percentile(&per_launch, 0.5), percentile(&per_launch, 0.1), percentile(&per_launch, 0.9));
+            rec.record(
+                Sample::new(case.name, format!("{rows}x{cols} {label}"), Unit::Launch, times)
+                    .bytes(bytes)
+                    .launches(1)
+                    .notes(format!("{tiles:?}")),
             );
-            if let Some(f) = jsonl.as_mut() {
-                let _ = writeln!(
-                    f,
-                    "{{\"kernel\":\"{}\",\"shape\":\"{rows}x{cols}\",\"variant\":\"{label}\",\"tiles\":\"{tiles:?}\",\"device\":\"{}\",\"median_us\":{:.3},\"p10_us\":{:.3},\"p90_us\":{:.3},\"bytes\":{bytes},\"gb_per_s\":{:.1},\"copy_bw_gb_per_s\":{:.1}}}",
-                    case.name,
-                    info.name,
-                    median * 1e6,
-                    p10 * 1e6,
-                    p90 * 1e6,
-                    rate / 1e9,
-                    copy_bw / 1e9
-                );
-            }
             group.throughput(Throughput::Bytes(bytes as u64));
             group.bench_function(format!("{}/{label}", case.name.replace(' ', "_")), |bench| {
                 bench.iter_custom(|iters| {
