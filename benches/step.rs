@@ -42,6 +42,8 @@ fn main() {
     let compare = std::env::var_os("FLASHNEXT_TUNED").is_some() || std::env::args().any(|a| a == "--tuned");
     let mut variants = vec![
         ("nvfp4", Formats::NVFP4),
+        // The NVFP4 step before GDN's out_proj and QSA's projections had an NVFP4 GEMV.
+        ("nvfp4, bf16 GDN out_proj and QSA", Formats { gdn_out_proj: false, qsa: false, ..Formats::NVFP4 }),
         // On sm_90 the bf16 mix is faster than its NVFP4 (software FP4 decode): the H200's best mix.
         ("nvfp4, bf16 mix", Formats { mix: false, ..Formats::NVFP4 }),
         ("nvfp4 experts, bf16 mix/GDN/lm_head", Formats { experts: true, ..Formats::BF16 }),
