@@ -308,7 +308,7 @@ if [ "$plan_s" != 0 ]; then
     [ $placed = 0 ] && calls+=("$secs| $tool $n")
   done <<< "$items"
   extra=""; [ ${#passthrough[@]} -gt 0 ] && extra=" ${passthrough[*]}"
-  echo "# tools/sanitize.sh --plan $plan_s: ${#plan[@]} runs in ${#calls[@]} calls of at most ~$plan_s s" \
+  echo "# tools/sanitize.sh --plan $plan_s: ${#plan[@]} runs in ${#calls[@]} call(s) of at most ~$plan_s s" \
        "(estimates: durations() in the script, H200; packed to $cap s)"
   echo "# Each call: send .gpu (carry [\".gpu\"]) and run its lines from the copy's root; the summaries land"
   echo "# in \$OUT/cN-<tool>/sanitize-summary.txt."
