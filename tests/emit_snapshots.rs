@@ -461,6 +461,32 @@ pub fn overlap(w: &[u32], x: &[f32], y: &mut [f32], started: &mut [u64], n: u32)
     }
 }
 
+/// A kernel whose blocks wait for each other at a software grid barrier, declared `cooperative`:
+/// every launch of it is a cooperative one (the driver makes all blocks resident at once or
+/// refuses the launch), and its emitted file says so.
+#[kernel(block = 128, grid = BLOCKS, require(BLOCKS <= 128), cooperative)]
+pub fn grid_barrier(
+    #[tile(default = 64, candidates = [32, 64])] BLOCKS: u32,
+    x: &[u32],
+    counter: &mut [u32],
+    y: &mut [u32],
+    n: u32,
+) {
+    grid_dependency_wait();
+    let i = block_idx() * 128 + thread_idx();
+    sync_threads();
+    if thread_idx() == 0 {
+        thread_fence();
+        let arrived = atomic_add(counter, 0, 1);
+        let goal = arrived - arrived % BLOCKS + BLOCKS;
+        while load_acquire(counter, 0) - goal >= 0x80000000 {}
+    }
+    sync_threads();
+    if i < n {
+        y[i] = x[i] + 1;
+    }
+}
+
 /// Every example, by snapshot name. Kernels without an architecture in the name are emitted for
 /// sm_90; their text is the same for sm_121a except for the header line.
 fn all_sources() -> Vec<(&'static str, String)> {
@@ -484,6 +510,7 @@ fn all_sources() -> Vec<(&'static str, String)> {
         ("raw_asm", cuda::<raw_asm::Kernel>(&raw_asm::Tiles {}, Arch::Sm90)),
         ("long_lines", cuda::<long_lines::Kernel>(&long_lines::Tiles {}, Arch::Sm90)),
         ("overlap", cuda::<overlap::Kernel>(&overlap::Tiles {}, Arch::Sm90)),
+        ("grid_barrier", cuda::<grid_barrier::Kernel>(&grid_barrier::Tiles { blocks: 64 }, Arch::Sm90)),
     ]
 }
 
@@ -523,13 +550,14 @@ snapshot_tests! {
     raw_asm => "raw_asm",
     long_lines => "long_lines",
     overlap => "overlap",
+    grid_barrier => "grid_barrier",
 }
 
 #[test]
 fn every_example_has_a_snapshot_test() {
     // The list above and all_sources() name the same examples.
     let names: Vec<&str> = all_sources().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names.len(), 18);
+    assert_eq!(names.len(), 19);
     let mut sorted = names.clone();
     sorted.sort_unstable();
     sorted.dedup();
@@ -537,6 +565,43 @@ fn every_example_has_a_snapshot_test() {
 }
 
 // ---- properties ----
+
+#[test]
+fn cooperative_reaches_the_launch_configuration() {
+    use kernel_dsl::{DevPtr, DevPtrMut, LaunchDims, TileSet};
+    let args = grid_barrier::Args {
+        x: DevPtr::from_addr(0x1000),
+        counter: DevPtrMut::from_addr(0x2000),
+        y: DevPtrMut::from_addr(0x3000),
+        n: 1000,
+    };
+    for blocks in [32, 64] {
+        let dims = grid_barrier::Kernel::launch_dims(&grid_barrier::Tiles { blocks }, &args).expect("dims");
+        assert_eq!(
+            dims,
+            LaunchDims { grid: [blocks, 1, 1], block: [128, 1, 1], dynamic_shared_bytes: 0, cooperative: true }
+        );
+    }
+    assert!(grid_barrier::Kernel::template().cooperative);
+    let spec = grid_barrier::Kernel::specialize(&grid_barrier::Tiles::DEFAULT, Arch::Sm121a).expect("specialises");
+    assert!(spec.cooperative && spec.waits_on_grid_dependency(), "cooperative and overlapped together");
+    assert!(source("grid_barrier").contains("// Launched cooperatively"));
+
+    // A kernel without the word is launched as before.
+    let dims = overlap::Kernel::launch_dims(
+        &overlap::Tiles {},
+        &overlap::Args {
+            w: DevPtr::from_addr(0x1000),
+            x: DevPtr::from_addr(0x2000),
+            y: DevPtrMut::from_addr(0x3000),
+            started: DevPtrMut::from_addr(0x4000),
+            n: 1000,
+        },
+    )
+    .expect("dims");
+    assert!(!dims.cooperative && !overlap::Kernel::template().cooperative);
+    assert!(!source("overlap").contains("cooperatively"));
+}
 
 #[test]
 fn fp4_decode_uses_the_conversion_instruction_only_where_it_exists() {

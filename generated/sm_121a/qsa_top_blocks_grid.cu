@@ -33,9 +33,12 @@
 // two launches that may run at the same time (on two streams) need a scratch each.
 //
 // The grid barrier waits for every block of the launch, so all BLOCKS blocks must be resident at
-// once, or the first ones spin forever waiting for the ones that cannot start. The caller checks
-// `BLOCKS ≤ LoadedKernel::co_resident_blocks()` (occupancy × SMs; a block needs 8.2 KB of shared
-// memory and THREADS threads, so an H200 holds several per SM and a GB10 with 48 SMs still ≥ 128).
+// once, or the first ones spin forever waiting for the ones that cannot start. The kernel is
+// `cooperative`: every launch is a cooperative one, which the driver starts only with every block
+// resident (or refuses), under compute-sanitizer too. The caller also checks `BLOCKS ≤
+// LoadedKernel::co_resident_blocks()` when it loads the kernel (occupancy × SMs; a block needs
+// 8.2 KB of shared memory and THREADS threads, so an H200 holds several per SM and a GB10 with 48
+// SMs still ≥ 128).
 // Kernels running beside it on other streams may delay its blocks, not block them for good: they
 // end without waiting for this one.
 
@@ -53,6 +56,8 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
+// Launched cooperatively (#[kernel(cooperative)]): its blocks wait for each other at grid
+// barriers, so the driver makes every block resident at once or refuses the launch.
 extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
     const float* __restrict__ scores,
     const unsigned* __restrict__ n_blocks,

@@ -41,7 +41,10 @@
 // block adds 128 / BLOCKS), so that at rest it is a multiple of 128 and a barrier ends when it
 // reaches the next one (u32 wrap-around included). Graph replays and launches back to back need
 // no reset; two launches that may run at the same time need a scratch each. All BLOCKS blocks
-// must be resident at once (the caller checks `LoadedKernel::co_resident_blocks`).
+// must be resident at once: the kernel is `cooperative`, so every launch is a cooperative one
+// and the driver guarantees it (or refuses the launch), under compute-sanitizer too, where an
+// ordinary launch's blocks need not all start (racecheck stalled at the first barrier); the
+// caller also checks `LoadedKernel::co_resident_blocks` when it loads the kernel.
 //
 // Overlaps its predecessor (programmatic dependent launch): nothing is read or written before
 // the grid dependency wait.
@@ -67,6 +70,8 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 
 // Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
 // output is treated as invariant and moved above grid_dependency_wait().
+// Launched cooperatively (#[kernel(cooperative)]): its blocks wait for each other at grid
+// barriers, so the driver makes every block resident at once or refuses the launch.
 extern "C" __global__ void __launch_bounds__(256) sample_top_p(
     const float* logits,
     const unsigned* position,

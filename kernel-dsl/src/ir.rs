@@ -218,6 +218,9 @@ pub struct KernelTemplate {
     pub tiles: Vec<TileParam>,
     pub params: Vec<Param>,
     pub body: Vec<Stmt>,
+    /// `#[kernel(..., cooperative)]`: the blocks wait for each other (software grid barriers), so
+    /// every launch is a cooperative one ([`crate::LaunchDims::cooperative`]).
+    pub cooperative: bool,
 }
 
 impl Expr {

@@ -119,12 +119,17 @@ macro_rules! scalar_param {
 
 scalar_param!(bool => Bool, i32 => I32, u32 => U32, i64 => I64, u64 => U64, f32 => F32);
 
-/// Grid, block and dynamic shared memory of one launch.
+/// Grid, block and dynamic shared memory of one launch, and how it must be launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LaunchDims {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub dynamic_shared_bytes: u32,
+    /// A cooperative launch (`#[kernel(..., cooperative)]`): the driver starts the grid only if
+    /// every block can be resident at once, and fails the launch otherwise, so that blocks that
+    /// wait for each other (a software grid barrier) never wait for one that cannot start, under
+    /// compute-sanitizer included.
+    pub cooperative: bool,
 }
 
 impl LaunchDims {

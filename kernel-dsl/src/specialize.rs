@@ -25,6 +25,8 @@ pub struct Kernel {
     pub block_threads: u32,
     /// Bytes of `__shared__` arrays.
     pub static_shared_bytes: u32,
+    /// Launched cooperatively (`#[kernel(..., cooperative)]`): every block resident at once.
+    pub cooperative: bool,
 }
 
 impl Kernel {
@@ -125,6 +127,7 @@ pub fn specialize(
         body,
         block_threads,
         static_shared_bytes,
+        cooperative: template.cooperative,
     })
 }
 
@@ -385,6 +388,7 @@ mod tests {
             ],
             params: vec![],
             body,
+            cooperative: false,
         }
     }
 

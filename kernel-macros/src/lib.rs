@@ -24,6 +24,11 @@
 //! `Kernel` (implementing `kernel_dsl::KernelDef`: the template, the launch dimensions, the
 //! constraint checks) and `ERASED` (the kernel seen as `&dyn kernel_dsl::AnyKernel`).
 //!
+//! `#[kernel(..., cooperative)]` marks a kernel whose blocks wait for each other (a software grid
+//! barrier): its `LaunchDims::cooperative` is set, and the engine launches it cooperatively, so the
+//! driver either makes every block resident at once or fails the launch, instead of a barrier
+//! waiting forever for a block that cannot start.
+//!
 //! The body is a Rust subset: `let` and `let mut` (scalars, vectors, `[v; N]` local arrays,
 //! `shared::<T, N>()` shared arrays), assignment and compound assignment, `if`/`else` (also as a
 //! value), `for` over `a..b` or `(a..b).step_by(s)` with `#[unroll]` or `#[unroll(n)]`, `while`,

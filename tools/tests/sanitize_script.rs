@@ -135,3 +135,87 @@ fn timeouts_fail_and_the_budget_leaves_runs_skipped() {
     assert!(summary.contains("INCOMPLETE"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn gpu_overlaps_timing_test_is_left_out_unless_asked_for() {
+    let dir = bundle("timing", &[("gpu_overlap", true, 0), ("gpu_step", true, 0)], false);
+    let log = |dir: &Path, name: &str| {
+        std::fs::read_to_string(dir.join(format!("out/sanitize/flashnext--test--{name}.memcheck.log"))).expect("log")
+    };
+    let timing = "--skip an_overlapped_launch_starts_before_its_predecessor_ends_and_waits_for_its_writes";
+    let (rc, summary) = sanitize(&dir, &["--tools", "memcheck", "--no-step"]);
+    assert_eq!(rc, 0, "{summary}");
+    assert!(log(&dir, "gpu_overlap").lines().next().expect("the command").ends_with(timing));
+    assert!(!log(&dir, "gpu_step").contains("--skip"), "only gpu_overlap leaves a test out");
+    assert!(summary.contains("(gpu_overlap: also --skip an_overlapped_launch_starts"));
+    let (rc, _) = sanitize(&dir, &["--tools", "memcheck", "--no-step", "--with-timing", "gpu_overlap"]);
+    assert_eq!(rc, 0);
+    assert!(!log(&dir, "gpu_overlap").contains("--skip"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_pattern_equal_to_a_test_name_picks_that_binary_alone() {
+    let dir = bundle("names", &[("gpu_qsa", true, 0), ("gpu_qsa_layer", true, 0), ("gpu_moe", true, 0)], false);
+    let (rc, summary) = sanitize(&dir, &["--tools", "memcheck", "--no-step", "gpu_qsa"]);
+    assert_eq!(rc, 0, "{summary}");
+    assert!(line(&summary, "--gpu_qsa", "memcheck").contains("OK"));
+    assert!(!summary.contains("gpu_qsa_layer") && !summary.contains("gpu_moe"), "{summary}");
+    // A fragment that is no binary's name picks every binary that contains it.
+    let (_, summary) = sanitize(&dir, &["--tools", "memcheck", "--no-step", "gpu_q"]);
+    assert!(summary.contains("gpu_qsa_layer") && summary.contains("--gpu_qsa ") && !summary.contains("gpu_moe"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_plan_splits_every_run_into_calls_that_fit() {
+    // With a bundle: its GPU binaries; without one (here, the tools folder): the script's table.
+    let dir = bundle("plan", &[("gpu_moe", true, 0), ("gpu_step", true, 0), ("generated", false, 0)], false);
+    let plan = |dir: &Path, args: &[&str]| {
+        let out = Command::new("bash").arg(SCRIPT).args(args).current_dir(dir).output().expect("bash runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let text = plan(&dir, &["--plan", "540"]);
+    println!("{text}");
+    assert!(text.starts_with("# tools/sanitize.sh --plan 540: 7 runs in "), "{text}");
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("OUT=")).collect();
+    let count = |tool: &str, name: &str| {
+        lines.iter().filter(|l| l.contains(&format!("--tools {tool} ")) && l.split(' ').any(|w| w == name)).count()
+    };
+    assert_eq!(count("memcheck", "gpu_moe"), 1);
+    assert_eq!(count("racecheck", "gpu_moe"), 1);
+    assert_eq!(count("racecheck", "gpu_step"), 1);
+    assert!(!text.contains("generated"));
+    assert!(lines.iter().any(|l| l.contains("--tools initcheck,memcheck,racecheck") || l.contains("step-once")));
+    assert!(lines.iter().all(|l| l.contains("--until $e")));
+    // Every call's estimate is within the call, save a single run longer than it.
+    for call in text.split("\n# call ").skip(1) {
+        let secs: u32 =
+            call.split(&[' ', 's'][..]).nth(1).and_then(|w| w.trim_start_matches('~').parse().ok()).expect("~N s");
+        assert!(secs <= 540 * 85 / 100 || call.contains("one run over the call"), "{call}");
+    }
+    // The table covers the tools package's decode test; options a run needs are carried over.
+    let tools_dir = Path::new(SCRIPT).parent().expect("tools/");
+    let text = plan(tools_dir, &["--plan", "300", "--tools", "memcheck", "--no-pdl", "decode", "gpu_qsa"]);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("OUT=")).collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(
+        lines[0].ends_with("--until $e --timeout 300 --no-pdl decode gpu_qsa") || lines[0].ends_with("gpu_qsa decode"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn until_sets_the_budget_from_the_clock() {
+    let dir = bundle("until", &[("gpu_step", true, 0)], false);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    // Ten seconds from now: less than 30 s left, so nothing starts.
+    let (rc, summary) = sanitize(&dir, &["--until", &(now + 10).to_string()]);
+    assert_eq!(rc, 2, "{summary}");
+    assert!(line(&summary, "step-once", "initcheck").contains("SKIPPED"));
+    let (rc, summary) = sanitize(&dir, &["--quick", "--until", &(now + 300).to_string()]);
+    assert_eq!(rc, 0, "{summary}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -3,6 +3,8 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
 use kernel_dsl::{KernelArgs, KernelDef, KernelKey, LaunchDims, ParamValue};
@@ -19,6 +21,9 @@ pub struct LoadedKernel<K: KernelDef> {
     resources: Resources,
     /// The kernel calls `grid_dependency_wait()`, so it may start before its predecessor ends.
     overlappable: bool,
+    /// Set when the driver refused a cooperative launch that also asked to overlap its
+    /// predecessor: the kernel's later launches are cooperative only.
+    cooperative_alone: AtomicBool,
     // Kept so the function handle stays valid.
     _module: Arc<CudaModule>,
     function: CudaFunction,
@@ -34,7 +39,16 @@ impl<K: KernelDef> LoadedKernel<K> {
         module: Arc<CudaModule>,
         function: CudaFunction,
     ) -> Self {
-        LoadedKernel { tiles, key, resources, overlappable, _module: module, function, _kernel: PhantomData }
+        LoadedKernel {
+            tiles,
+            key,
+            resources,
+            overlappable,
+            cooperative_alone: AtomicBool::new(false),
+            _module: module,
+            function,
+            _kernel: PhantomData,
+        }
     }
 
     /// Whether the kernel waits on its grid dependency, so launches may overlap its predecessor.
@@ -84,7 +98,12 @@ impl<K: KernelDef> LoadedKernel<K> {
     /// Enqueues the kernel on the GPU's stream. A kernel that calls `grid_dependency_wait()` is
     /// launched to overlap its predecessor (programmatic stream serialisation) while the GPU's
     /// overlap switch is on: its blocks may start as soon as every block of the previous kernel
-    /// has called `launch_dependents()` or exited, and run up to the wait meanwhile.
+    /// has called `launch_dependents()` or exited, and run up to the wait meanwhile. A kernel
+    /// declared `#[kernel(..., cooperative)]` is launched cooperatively (`LaunchDims::cooperative`):
+    /// the driver makes all its blocks resident at once or fails the launch
+    /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`), so its grid barriers cannot wait for a block
+    /// that never starts, under compute-sanitizer as well. Both attributes are kept in a captured
+    /// graph's kernel node.
     ///
     /// # Safety
     /// The buffers behind `args` must be live and as large as the kernel reads and writes for the
@@ -118,34 +137,63 @@ impl<K: KernelDef> LoadedKernel<K> {
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
-        if self.overlappable && gpu.overlaps_launches() {
+        let overlapped = self.overlappable && gpu.overlaps_launches() && !self.cooperative_alone.load(Relaxed);
+        if dims.cooperative || overlapped {
             use cudarc::driver::sys;
-            let mut attribute = sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            let attribute = |id| sys::CUlaunchAttribute {
+                id,
                 pad: [0; 4],
                 // SAFETY: an all-zero union is a valid value of every member; one is set below.
                 value: unsafe { std::mem::zeroed() },
             };
-            attribute.value.programmaticStreamSerializationAllowed = 1;
-            let config = sys::CUlaunchConfig {
-                gridDimX: gx,
-                gridDimY: gy,
-                gridDimZ: gz,
-                blockDimX: bx,
-                blockDimY: by,
-                blockDimZ: bz,
-                sharedMemBytes: dims.dynamic_shared_bytes,
-                hStream: stream.cu_stream(),
-                attrs: &mut attribute,
-                numAttrs: 1,
-            };
-            // SAFETY: as below; the configuration and its one attribute outlive the call, and the
-            // kernel orders its reads of earlier kernels' outputs after its grid dependency wait.
-            return unsafe {
-                sys::cuLaunchKernelEx(&config, self.function.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut())
+            let mut attributes = Vec::with_capacity(2);
+            if dims.cooperative {
+                let mut a = attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE);
+                a.value.cooperative = 1;
+                attributes.push(a);
             }
-            .result()
-            .during(&format!("launching {} (overlapped)", self.key));
+            if overlapped {
+                let mut a = attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+                a.value.programmaticStreamSerializationAllowed = 1;
+                attributes.push(a);
+            }
+            let mut launch_ex = |attributes: &mut [sys::CUlaunchAttribute]| {
+                let config = sys::CUlaunchConfig {
+                    gridDimX: gx,
+                    gridDimY: gy,
+                    gridDimZ: gz,
+                    blockDimX: bx,
+                    blockDimY: by,
+                    blockDimZ: bz,
+                    sharedMemBytes: dims.dynamic_shared_bytes,
+                    hStream: stream.cu_stream(),
+                    attrs: attributes.as_mut_ptr(),
+                    numAttrs: attributes.len() as u32,
+                };
+                // SAFETY: as below; the configuration and its attributes outlive the call, a kernel
+                // launched overlapped orders its reads of earlier kernels' outputs after its grid
+                // dependency wait, and a cooperative one has a grid the driver checks.
+                unsafe {
+                    sys::cuLaunchKernelEx(&config, self.function.cu_function(), ptrs.as_mut_ptr(), std::ptr::null_mut())
+                }
+            };
+            let mut status = launch_ex(&mut attributes);
+            let mut how = match (dims.cooperative, overlapped) {
+                (true, true) => "cooperative, overlapped",
+                (true, false) => "cooperative",
+                _ => "overlapped",
+            };
+            if dims.cooperative && overlapped && refuses_the_pair(status) {
+                // Should a driver refuse the two attributes together, co-residency wins: without
+                // it a grid barrier may wait forever; without the overlap the kernel only starts
+                // after its predecessor ends (its grid dependency wait then returns at once).
+                status = launch_ex(&mut attributes[..1]);
+                how = "cooperative, after the driver refused it overlapped";
+                if status == sys::CUresult::CUDA_SUCCESS {
+                    self.cooperative_alone.store(true, Relaxed);
+                }
+            }
+            return status.result().during(&format!("launching {} ({how})", self.key));
         }
         // SAFETY: the function belongs to a module this kernel keeps loaded; the parameter slots
         // match the kernel's signature (generated from the same description); the caller
@@ -162,4 +210,12 @@ impl<K: KernelDef> LoadedKernel<K> {
         }
         .during(&format!("launching {}", self.key))
     }
+}
+
+/// Whether a launch's status says that the driver does not take a cooperative launch that also
+/// overlaps its predecessor (rather than a problem of the launch itself, such as a grid too large
+/// to be resident at once, which is reported as it is).
+fn refuses_the_pair(status: cudarc::driver::sys::CUresult) -> bool {
+    use cudarc::driver::sys::CUresult;
+    matches!(status, CUresult::CUDA_ERROR_INVALID_VALUE | CUresult::CUDA_ERROR_NOT_SUPPORTED)
 }

@@ -73,7 +73,10 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 /// block adds 128 / BLOCKS), so that at rest it is a multiple of 128 and a barrier ends when it
 /// reaches the next one (u32 wrap-around included). Graph replays and launches back to back need
 /// no reset; two launches that may run at the same time need a scratch each. All BLOCKS blocks
-/// must be resident at once (the caller checks `LoadedKernel::co_resident_blocks`).
+/// must be resident at once: the kernel is `cooperative`, so every launch is a cooperative one
+/// and the driver guarantees it (or refuses the launch), under compute-sanitizer too, where an
+/// ordinary launch's blocks need not all start (racecheck stalled at the first barrier); the
+/// caller also checks `LoadedKernel::co_resident_blocks` when it loads the kernel.
 ///
 /// Overlaps its predecessor (programmatic dependent launch): nothing is read or written before
 /// the grid dependency wait.
@@ -81,6 +84,7 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
     block = THREADS,
     grid = BLOCKS,
     require(vocab >= 1, vocab <= BLOCKS * THREADS * 8, 2048 % THREADS == 0, 128 % BLOCKS == 0),
+    cooperative,
 )]
 pub fn sample_top_p(
     #[tile(default = 128, candidates = [64, 128])] BLOCKS: u32,

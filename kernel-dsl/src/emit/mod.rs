@@ -65,6 +65,10 @@ pub fn cuda(kernel: &Kernel) -> String {
         out.push_str("// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's\n");
         out.push_str("// output is treated as invariant and moved above grid_dependency_wait().\n");
     }
+    if kernel.cooperative {
+        out.push_str("// Launched cooperatively (#[kernel(cooperative)]): its blocks wait for each other at grid\n");
+        out.push_str("// barriers, so the driver makes every block resident at once or refuses the launch.\n");
+    }
     let _ = write!(out, "extern \"C\" __global__ void __launch_bounds__({}) {}(", kernel.block_threads, key.name);
     for (i, p) in kernel.params.iter().enumerate() {
         out.push_str(if i == 0 { "\n    " } else { ",\n    " });

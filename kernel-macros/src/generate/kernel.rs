@@ -30,6 +30,7 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
     let args = super::launch::generate_args(decl);
     let launch_dims = super::launch::generate_launch_dims(decl);
     let (tiles_arg, args_arg) = (paths::local("tiles"), paths::local("args"));
+    let cooperative = decl.launch.cooperative;
     quote! {
         #(#doc_attrs)*
         #[allow(non_snake_case, non_camel_case_types, clippy::all)]
@@ -59,6 +60,7 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
                         tiles: ::std::vec![#(#tiles_ir),*],
                         params: ::std::vec![#(#params_ir),*],
                         body: ::std::vec![#(#body_ir),*],
+                        cooperative: #cooperative,
                     })
                 }
 

@@ -102,6 +102,7 @@ pub(crate) fn generate_launch_dims(decl: &KernelDecl) -> TokenStream {
     while grid_dims.len() < 3 {
         grid_dims.push(quote!(1u32));
     }
+    let cooperative = decl.launch.cooperative;
     quote! {
         <Tiles as #launch::TileSet>::check(#tiles)?;
         #tile_binds
@@ -118,6 +119,7 @@ pub(crate) fn generate_launch_dims(decl: &KernelDecl) -> TokenStream {
             grid: #grid,
             block: [<Tiles as #launch::TileSet>::block_threads(#tiles), 1, 1],
             dynamic_shared_bytes: 0,
+            cooperative: #cooperative,
         })
     }
 }

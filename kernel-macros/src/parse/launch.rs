@@ -1,5 +1,6 @@
 //! The `#[kernel(...)]` attribute: the block size (from tiles alone), the grid (from tiles and
-//! scalar arguments) and the requirements, which are checked before any launch.
+//! scalar arguments), the requirements, which are checked before any launch, and `cooperative`
+//! for a kernel whose blocks wait for each other (every launch then a cooperative one).
 
 use std::collections::BTreeSet;
 
@@ -22,6 +23,9 @@ pub(crate) struct LaunchDecl {
     /// One to three dimensions.
     pub(crate) grid: Vec<Expr>,
     pub(crate) requires: Vec<Requirement>,
+    /// `cooperative`: the blocks meet at software grid barriers, so they must all be resident at
+    /// once; the launch asks the driver to guarantee it.
+    pub(crate) cooperative: bool,
 }
 
 /// The names a launch expression may read.
@@ -35,6 +39,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
     let mut block = None;
     let mut grid = None;
     let mut requires = Vec::new();
+    let mut cooperative = false;
     for meta in metas {
         match meta {
             Meta::NameValue(nv) if nv.path.is_ident("block") => {
@@ -68,10 +73,16 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
                     requires.push(Requirement { expr, names, tiles_only });
                 }
             }
+            Meta::Path(p) if p.is_ident("cooperative") => {
+                if cooperative {
+                    return Err(syn::Error::new_spanned(p, "`cooperative` is given twice"));
+                }
+                cooperative = true;
+            }
             other => {
                 return Err(syn::Error::new_spanned(
                     other,
-                    "expected `block = ...`, `grid = ...` or `require(...)` in #[kernel(...)]",
+                    "expected `block = ...`, `grid = ...`, `require(...)` or `cooperative` in #[kernel(...)]",
                 ));
             }
         }
@@ -82,6 +93,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
         block: block.ok_or_else(|| missing("block"))?,
         grid: grid.ok_or_else(|| missing("grid"))?,
         requires,
+        cooperative,
     })
 }
 

@@ -47,9 +47,12 @@ pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_COUNTS + MAX_BLOCKS;
 /// two launches that may run at the same time (on two streams) need a scratch each.
 ///
 /// The grid barrier waits for every block of the launch, so all BLOCKS blocks must be resident at
-/// once, or the first ones spin forever waiting for the ones that cannot start. The caller checks
-/// `BLOCKS ≤ LoadedKernel::co_resident_blocks()` (occupancy × SMs; a block needs 8.2 KB of shared
-/// memory and THREADS threads, so an H200 holds several per SM and a GB10 with 48 SMs still ≥ 128).
+/// once, or the first ones spin forever waiting for the ones that cannot start. The kernel is
+/// `cooperative`: every launch is a cooperative one, which the driver starts only with every block
+/// resident (or refuses), under compute-sanitizer too. The caller also checks `BLOCKS ≤
+/// LoadedKernel::co_resident_blocks()` when it loads the kernel (occupancy × SMs; a block needs
+/// 8.2 KB of shared memory and THREADS threads, so an H200 holds several per SM and a GB10 with 48
+/// SMs still ≥ 128).
 /// Kernels running beside it on other streams may delay its blocks, not block them for good: they
 /// end without waiting for this one.
 #[kernel(
@@ -61,6 +64,7 @@ pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_COUNTS + MAX_BLOCKS;
         128 % BLOCKS == 0,
         capacity <= BLOCKS * THREADS * 8,
     ),
+    cooperative,
 )]
 pub fn qsa_top_blocks_grid(
     #[tile(default = 64, candidates = [32, 64, 128])] BLOCKS: u32,

@@ -13,7 +13,7 @@ fn fill(out: &mut [u32], n: u32) {
 fn main() {
     let out = kernel_dsl::DevPtrMut::<u32>::from_addr(0x1000);
     let dims = fill::Kernel::launch_dims(&fill::Tiles::DEFAULT, &fill::Args { out, n: 5 }).expect("dims");
-    assert_eq!(dims, LaunchDims { grid: [5, 2, 3], block: [64, 1, 1], dynamic_shared_bytes: 0 });
+    assert_eq!(dims, LaunchDims { grid: [5, 2, 3], block: [64, 1, 1], dynamic_shared_bytes: 0, cooperative: false });
     assert!(fill::Kernel::launch_dims(&fill::Tiles::DEFAULT, &fill::Args { out, n: 0 }).is_err());
     assert_eq!(fill::Tiles::candidates().len(), 1);
     let cuda = kernel_dsl::emit::cuda(&fill::Kernel::specialize(&fill::Tiles::DEFAULT, Arch::Sm90).expect("fill"));
