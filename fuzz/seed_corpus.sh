@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fills fuzz/corpus/{config,safetensors}/ with the seeds from tests/data: every config.json; each
-# checkpoint's first KiB (its header, cut) and the whole files small enough to fuzz quickly (the
-# tiny-dense shards). libFuzzer adds what it finds to the same folders.
+# checkpoint's first KiB (its header, cut) and the whole files small enough to fuzz quickly (at most
+# 256 KiB: none of the tiny checkpoints since they grew to shapes the GPU step takes; tests/fuzz_parsers.rs
+# fuzzes them whole). libFuzzer adds what it finds to the same folders.
 set -euo pipefail
 cd "$(dirname "$0")"
 data=../tests/data

@@ -146,10 +146,10 @@ fn misshapen_tensor() {
     let dir = scratch("shape");
     let mut t = tensors();
     let r = t.get_mut(ROUTER).expect("router");
-    r.shape = vec![4, 128];
+    r.shape = vec![4, 512];
     write(&dir, &t);
     let e = load_error(&dir);
-    assert!(e.contains(ROUTER) && e.contains("[4, 128]") && e.contains("expected [8, 64]"), "{e}");
+    assert!(e.contains(ROUTER) && e.contains("[4, 512]") && e.contains("expected [8, 256]"), "{e}");
 }
 
 #[test]
@@ -173,8 +173,8 @@ fn config_that_breaks_the_reference_rules() {
         ("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "num_experts_per_tok must be in [1, num_experts]"),
         ("\"indexer_kv_heads\": 1", "\"indexer_kv_heads\": 2", "indexer_kv_heads must be 1"),
         ("\"ple_layer_ids\": [", "\"ple_layer_ids\": [4, ", "PLE is only supported on linear_attention layers"),
-        ("\"hidden_size\": 64", "\"hidden_size\": 4294967296", "`hidden_size` is 4294967296: sizes above"),
-        ("\"num_hidden_layers\": 8", "\"num_hidden_layers\": 1000000", "num_hidden_layers 1000000 is above"),
+        ("\"hidden_size\": 256", "\"hidden_size\": 4294967296", "`hidden_size` is 4294967296: sizes above"),
+        ("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 1000000", "num_hidden_layers 1000000 is above"),
         ("\"num_experts\": 8", "\"num_experts\": 2000000000", "parameters, more than the"),
     ];
     for (from, to, want) in cases {
@@ -191,10 +191,10 @@ fn config_that_breaks_the_reference_rules() {
 #[test]
 fn config_and_tensors_disagree() {
     let dir = scratch("disagree");
-    edit_config(&dir, "\"hc_lowrank\": 16", "\"hc_lowrank\": 32");
+    edit_config(&dir, "\"hc_lowrank\": 32", "\"hc_lowrank\": 64");
     std::fs::copy(good().join("model.safetensors"), dir.join("model.safetensors")).expect("copy");
     let e = load_error(&dir);
-    assert!(e.contains("input_mix_weight_down") && e.contains("has shape [16, 256], expected [32, 256]"), "{e}");
+    assert!(e.contains("input_mix_weight_down") && e.contains("has shape [32, 1024], expected [64, 1024]"), "{e}");
 
     let dir = scratch("hash");
     edit_config(&dir, "\"seed\": 1234", "\"seed\": 4321");

@@ -1,10 +1,13 @@
-//! The whole decode step on a GPU against transformers and the CPU reference: tests/data/tiny-step
-//! (the golden model whose shapes every kernel takes: 2 GDN layers and a QSA layer, PLE, the MoE,
-//! the Gated Residual). Teacher-forced logits at every position within 1e-2 relative L2 of the
-//! transformers goldens (bf16 weights as the checkpoint ships them; the step keeps the residual
-//! and block inputs in bf16, the reference in f32); the greedy token wherever the reference's
-//! top-2 margin exceeds that error; the graph replay bit-identical to the eager launches over 256
-//! tokens. (A token outside the vocabulary and a position past the caches: tests/bad_inputs.rs.)
+//! The whole decode step on a GPU against transformers and the CPU reference: every golden model
+//! in tests/data (tiny-step: 2 GDN layers and a QSA layer, PLE, the MoE, the Gated Residual;
+//! tiny-sparse: PLE on two GDN layers, a QSA budget of 2 blocks; tiny-dense: two streams, 3 value
+//! heads a key head, SiLU gate, half rotary, dense attention, the vision-language layout;
+//! tiny-sparse-nvfp4: the ModelOpt NVFP4 checkpoint). Teacher-forced logits at every position
+//! within 1e-2 relative L2 of the transformers goldens (bf16 weights as the checkpoint ships them;
+//! the step keeps the residual and block inputs in bf16, the reference in f32); the greedy token
+//! wherever the reference's top-2 margin exceeds that error, teacher-forced and decoding freely
+//! (at least 32 new tokens); the graph replay bit-identical to the eager launches. (A token
+//! outside the vocabulary and a position past the caches: tests/bad_inputs.rs.)
 
 use flashnext::compare::rel_l2;
 use flashnext::goldens::{self, Goldens};
@@ -22,9 +25,14 @@ fn load(gpu: Gpu, weights: &ModelWeights, formats: Formats, context: usize) -> E
     e
 }
 
+/// The weights and goldens of tests/data/`name`.
+fn golden(name: &str) -> (ModelWeights, Goldens) {
+    let dir = goldens::data(name);
+    (ModelWeights::load_dir(&dir).unwrap_or_else(|e| panic!("{name} weights: {e}")), goldens::load(&dir))
+}
+
 fn tiny_step() -> (ModelWeights, Goldens) {
-    let dir = goldens::data("tiny-step");
-    (ModelWeights::load_dir(&dir).expect("tiny-step weights"), goldens::load(&dir))
+    golden("tiny-step")
 }
 
 /// The two largest logits' gap.
@@ -64,14 +72,22 @@ const NEAR_TIE: f32 = 1e-2;
 /// transformers, and its greedy token where the reference is sure of it. A position where some
 /// layer's router is near a tie in the CPU reference may exceed `tol` (the step routes on bf16
 /// activations and may take the other expert: a discrete change); those are counted, reported
-/// and may be at most a tenth of the positions.
-fn teacher_forced(e: &mut Engine, weights: &ModelWeights, g: &Goldens, label: &str, tol: f64) -> Vec<Vec<f32>> {
+/// and may be at most a tenth of the positions. Returns every position's logits, and whether the
+/// reference is sure of the token after it.
+fn teacher_forced(
+    e: &mut Engine,
+    weights: &ModelWeights,
+    g: &Goldens,
+    label: &str,
+    tol: f64,
+) -> (Vec<Vec<f32>>, Vec<bool>) {
     let vocab = e.vocab();
     let mut dec = Decoder::new(weights);
     let mut all = Vec::new();
     let mut worst = (0.0f64, 0usize);
     let mut excused = Vec::new();
     let mut checked_tokens = 0;
+    let mut sure_at = Vec::new();
     for (t, &token) in g.tokens.iter().enumerate() {
         let next = e.step(token).unwrap_or_else(|err| panic!("{label}: step {t}: {err}"));
         let logits = e.logits().expect("logits");
@@ -98,6 +114,7 @@ fn teacher_forced(e: &mut Engine, weights: &ModelWeights, g: &Goldens, label: &s
         // The greedy choice, wherever the reference is sure beyond the error.
         let spread = want.iter().map(|v| v * v).sum::<f32>().sqrt() / (vocab as f32).sqrt();
         let sure = margin(want) > 4.0 * tol as f32 * spread.max(1.0) && margin_min >= NEAR_TIE;
+        sure_at.push(sure);
         if t + 1 < g.tokens.len() && t + 1 >= g.prompt_len && sure {
             assert_eq!(next, g.tokens[t + 1], "{label}: greedy token after position {t}");
             checked_tokens += 1;
@@ -112,7 +129,29 @@ fn teacher_forced(e: &mut Engine, weights: &ModelWeights, g: &Goldens, label: &s
         worst.1
     );
     assert!(excused.len() * 10 <= g.tokens.len(), "{label}: {} positions off at router near-ties", excused.len());
-    all
+    (all, sure_at)
+}
+
+/// Free greedy decoding from the goldens' prompt against the goldens' continuation: the same
+/// tokens up to the first where the reference was not sure (`sure`, from [`teacher_forced`]), and
+/// at least 32 (or all the goldens hold) when it was sure of every one of them.
+fn greedy_agrees(tokens: &[u32], g: &Goldens, sure: &[bool], label: &str) {
+    let want = &g.tokens[g.prompt_len..];
+    let agree = tokens.iter().zip(want).take_while(|(a, b)| a == b).count();
+    let needed = want.len().min(32);
+    if agree < needed {
+        // The token at new index `agree` is predicted at position prompt_len − 1 + agree.
+        let t = g.prompt_len - 1 + agree;
+        assert!(
+            !sure[t],
+            "{label}: free greedy decoding leaves the goldens at new token {agree} ({} against {}), where the \
+             reference is sure of its token",
+            tokens[agree], want[agree]
+        );
+        println!("{label}: free greedy decoding agrees for {agree} tokens, then a token the reference is not sure of");
+    } else {
+        println!("{label}: free greedy decoding agrees with transformers for {agree} of {} tokens", want.len());
+    }
 }
 
 #[test]
@@ -132,14 +171,14 @@ fn the_step_reproduces_the_goldens_eager_and_in_a_graph() {
     }
 
     e.reset().expect("reset");
-    let eager = teacher_forced(&mut e, &weights, &g, "eager", 1e-2);
+    let (eager, _) = teacher_forced(&mut e, &weights, &g, "eager", 1e-2);
 
     // The graph: captured after a warm-up step, replayed at every position; bit-identical.
     e.reset().expect("reset");
     e.step(g.tokens[0]).expect("warm-up");
     e.capture().expect("capture");
     e.reset().expect("reset");
-    let graph = teacher_forced(&mut e, &weights, &g, "graph", 1e-2);
+    let (graph, _) = teacher_forced(&mut e, &weights, &g, "graph", 1e-2);
     for (t, (a, b)) in eager.iter().zip(&graph).enumerate() {
         assert!(
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
@@ -147,6 +186,93 @@ fn the_step_reproduces_the_goldens_eager_and_in_a_graph() {
         );
     }
     println!("graph = eager over {} positions, bit for bit", g.tokens.len());
+}
+
+/// Every model in tests/data and how the tests below run it: the formats, and the bound on the
+/// teacher-forced logits' relative L2.
+const GOLDENS: [(&str, Formats, f64); 4] = [
+    // Its own tests: the ones above, and the NVFP4, decoding and sampling ones below.
+    ("tiny-step", Formats::BF16, 1e-2),
+    ("tiny-sparse", Formats::BF16, 1e-2),
+    ("tiny-dense", Formats::BF16, 1e-2),
+    // The NVFP4 checkpoint on the NVFP4 path (GDN's NVFP4 input projection reads 512 columns a
+    // block: hidden 256 keeps it in bf16), against goldens computed on its dequantised weights.
+    ("tiny-sparse-nvfp4", Formats { gdn_in_proj: false, ..Formats::NVFP4 }, NVFP4_TOL),
+];
+
+/// tests/data/`name` on the step in `formats`: teacher-forced logits within `tol` of the goldens
+/// at every position, eager and through the graph (bit-identical); then free greedy decoding for
+/// 256 tokens, eager and through the graph (the same tokens), the goldens' continuation as far as
+/// [`greedy_agrees`] asks.
+fn reproduces(name: &str, formats: Formats, tol: f64) {
+    let (weights, g) = golden(name);
+    let gpu = flashnext::gpu::open();
+    let mut e = load(gpu, &weights, formats, 512);
+    e.reset().expect("reset");
+    let (eager, sure) = teacher_forced(&mut e, &weights, &g, &format!("{name} eager"), tol);
+    e.reset().expect("reset");
+    e.step(g.tokens[0]).expect("warm-up");
+    e.capture().expect("capture");
+    e.reset().expect("reset");
+    let (graph, _) = teacher_forced(&mut e, &weights, &g, &format!("{name} graph"), tol);
+    for (t, (a, b)) in eager.iter().zip(&graph).enumerate() {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: graph and eager logits differ at position {t}"
+        );
+    }
+    println!("{name}: graph = eager over {} positions, bit for bit", g.tokens.len());
+    let prompt = &g.tokens[..g.prompt_len];
+    let free_eager = decode(&mut e, prompt, 256, false);
+    let free_graph = decode(&mut e, prompt, 256, true);
+    assert_eq!(free_eager, free_graph, "{name}: graph and eager tokens");
+    println!("{name}: 256 tokens decoded freely, graph = eager");
+    greedy_agrees(&free_eager, &g, &sure, name);
+}
+
+/// [`GOLDENS`] names every model in tests/data, so that a golden added there is checked here.
+#[test]
+fn every_golden_is_checked_on_the_gpu() {
+    let mut on_disk: Vec<String> = std::fs::read_dir(goldens::data(""))
+        .expect("tests/data")
+        .map(|d| d.expect("an entry").path())
+        .filter(|p| p.join("goldens.safetensors").exists())
+        .map(|p| p.file_name().expect("a name").to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut here: Vec<String> = GOLDENS.iter().map(|(n, _, _)| n.to_string()).collect();
+    here.sort();
+    assert_eq!(on_disk, here, "the goldens in tests/data and those tests/gpu_step.rs checks");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn tiny_sparse_reproduces_the_goldens() {
+    let (name, formats, tol) = GOLDENS[1];
+    reproduces(name, formats, tol);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn tiny_dense_reproduces_the_goldens() {
+    let (name, formats, tol) = GOLDENS[2];
+    reproduces(name, formats, tol);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn tiny_sparse_nvfp4_reproduces_the_goldens() {
+    let (name, formats, tol) = GOLDENS[3];
+    reproduces(name, formats, tol);
+}
+
+/// The NVFP4 checkpoint's dequantised weights held in bf16 (each a product of an E2M1 value, an
+/// E4M3 scale and the f32 global scale, rounded once to bf16): as near its goldens as a bf16
+/// checkpoint is to its own.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn tiny_sparse_nvfp4_in_bf16_reproduces_the_goldens() {
+    reproduces("tiny-sparse-nvfp4", Formats::BF16, 1e-2);
 }
 
 /// Greedy decoding for 256 tokens from the goldens' prompt, eager and through the graph: the same
@@ -167,6 +293,9 @@ fn graph_and_eager_decode_the_same_256_tokens() {
     assert!(agree >= want.len().min(32), "only {agree} greedy tokens agree with transformers");
 }
 
+/// The logits' reach of the NVFP4 step from bf16 (or dequantised) goldens: 4-bit weights.
+const NVFP4_TOL: f64 = 0.25;
+
 /// The NVFP4 step (experts, mix and lm_head quantised at load): finite,
 /// graph = eager, and within the quantisation's reach of the bf16 goldens.
 #[test]
@@ -176,12 +305,12 @@ fn the_nvfp4_step_runs_and_stays_near_the_goldens() {
     let gpu = flashnext::gpu::open();
     // GDN's NVFP4 input projection reads 512 columns a block: hidden 256 keeps it in bf16.
     let mut e = load(gpu, &weights, Formats { gdn_in_proj: false, ..Formats::NVFP4 }, 256);
-    let eager = teacher_forced(&mut e, &weights, &g, "nvfp4 eager", 0.25);
+    let (eager, _) = teacher_forced(&mut e, &weights, &g, "nvfp4 eager", NVFP4_TOL);
     e.reset().expect("reset");
     e.step(g.tokens[0]).expect("warm-up");
     e.capture().expect("capture");
     e.reset().expect("reset");
-    let graph = teacher_forced(&mut e, &weights, &g, "nvfp4 graph", 0.25);
+    let (graph, _) = teacher_forced(&mut e, &weights, &g, "nvfp4 graph", NVFP4_TOL);
     assert!(eager.iter().flatten().zip(graph.iter().flatten()).all(|(a, b)| a.to_bits() == b.to_bits()));
 }
 

@@ -147,8 +147,8 @@ fn nvfp4_rows_are_the_checkpoint_rows_quantised_per_layer() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let text = std::fs::read_to_string(checkpoint_dir().join("config.json")).expect("config");
-    assert!(text.contains("\"ple_embed_dim\": 64,"), "the tiny config's PLE width");
-    std::fs::write(dir.join("config.json"), text.replace("\"ple_embed_dim\": 64,", "\"ple_embed_dim\": 256,"))
+    assert!(text.contains("\"ple_embed_dim\": 128,"), "the tiny config's PLE width");
+    std::fs::write(dir.join("config.json"), text.replace("\"ple_embed_dim\": 128,", "\"ple_embed_dim\": 256,"))
         .expect("write config");
     let cfg = ModelConfig::from_file(&dir.join("config.json")).expect("config");
     let width = 16;

@@ -14,18 +14,22 @@ NVFP4 in the ModelOpt layout), and goldens.safetensors holding
   hidden         f32   [L, P, n*d]  the residual streams after each layer, prompt positions (for debugging)
 All logits are computed in fp32 (TF32 off) from the weights exactly as stored, reloaded from disk.
 
-Models:
+Models (every one a model the GPU step takes: hidden 256, head and intermediate sizes its kernels
+tile; engine/src/step/plan.rs checks each kernel's requirements, and tests/gpu_step.rs runs each
+model on the device against its goldens):
   tiny-sparse        QSA budget of 2 blocks of 4 tokens, so sparse selection happens within the
-                     prompt; PLE on two linear-attention layers; eos inside the prompt; sigmoid
-                     GDN gate; the flat text config.
-  tiny-dense         another geometry (3 streams, 3 value heads per key head, half rotary, SiLU GDN
+                     prompt; PLE on two linear-attention layers (1 and 3), 2 value heads a key
+                     head; eos inside the prompt; sigmoid GDN gate; the flat text config.
+  tiny-dense         another geometry (2 streams, 3 value heads per key head, half rotary, SiLU GDN
                      gate, explicit layer_types with `full_attention`), dense attention, no PLE;
                      written as the vision-language checkpoint does it: nested text_config,
-                     `model.language_model.` names, two shards with an index.
+                     `model.language_model.` names, two shards with an index. (Three streams, as
+                     it once had, are not a shape the Gated Residual's kernels take: the stream
+                     count must divide 32.)
   tiny-sparse-nvfp4  tiny-sparse with its linear weights quantised to NVFP4 (ModelOpt layout); the
                      goldens are computed on the dequantised weights.
   tiny-step          a geometry every GPU kernel of the step takes at its tiny tiles (hidden 256,
-                     head sizes of 64 and 128, 16-aligned intermediates, GDN heads whose output width is a multiple of 128): the model the whole decode
+                     head sizes of 64 and 128, 32-aligned intermediates, GDN heads whose output width is a multiple of 128): the model the whole decode
                      step on the device is checked against. QSA budget of 3 blocks, PLE on layer 2
                      (1-indexed, as the config counts; transformers allows PLE on linear attention
                      layers only).
@@ -53,18 +57,20 @@ PROMPT_LEN = 48
 NEW_TOKENS = 40
 EOS = 7
 
+# Every model here is one the GPU step takes (engine/src/step/plan.rs checks each kernel's
+# requirements; tiny-step's comment below gives the rules): hidden 256, head sizes the kernels tile.
 TINY_SPARSE = dict(
     vocab_size=512,
-    hidden_size=64,
-    num_hidden_layers=8,
+    hidden_size=256,
+    num_hidden_layers=4,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=32,
+    head_dim=128,
     rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
     linear_num_key_heads=2,
     linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
     linear_conv_kernel_dim=4,
     output_gate_type="sigmoid",
     num_experts=8,
@@ -72,42 +78,45 @@ TINY_SPARSE = dict(
     moe_intermediate_size=32,
     shared_expert_intermediate_size=32,
     hc_count=4,
-    hc_lowrank=16,
-    ple_layer_ids=[2, 6],
+    hc_lowrank=32,
+    ple_layer_ids=[1, 3],
+    ple_embed_dim=128,
     ngram_vocab_size_base=1000,
     split_ngram_parts=4,
     indexer_n_heads=4,
     indexer_kv_heads=1,
-    indexer_head_dim=16,
+    indexer_head_dim=32,
     indexer_budget=8,
     indexer_compress_ratio=4,
     eos_token_id=EOS,
     rms_norm_eps=1e-6,
 )
 
+# Two streams where the published model has four: the Gated Residual's kernels need the stream
+# count to divide 32 (a warp's lanes split evenly over the streams), so three cannot run on the GPU.
 TINY_DENSE = dict(
     vocab_size=384,
-    hidden_size=48,
+    hidden_size=256,
     num_hidden_layers=4,
     layer_types=["linear_attention", "full_attention", "linear_attention", "qwen_sparse_attention"],
     num_attention_heads=6,
     num_key_value_heads=2,
-    head_dim=16,
+    head_dim=128,
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-    linear_num_key_heads=1,
-    linear_num_value_heads=3,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=6,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
     linear_conv_kernel_dim=4,
     num_experts=6,
     num_experts_per_tok=3,
-    moe_intermediate_size=16,
+    moe_intermediate_size=32,
     shared_expert_intermediate_size=32,
-    hc_count=3,
-    hc_lowrank=8,
+    hc_count=2,
+    hc_lowrank=32,
     indexer_n_heads=3,
     indexer_kv_heads=1,
-    indexer_head_dim=16,
+    indexer_head_dim=64,
     indexer_budget=256,
     indexer_compress_ratio=4,
     eos_token_id=EOS,
@@ -117,7 +126,8 @@ TINY_DENSE = dict(
 # The published model's shape rules at a tiny size: hidden a multiple of 256 (the GEMVs' 16-byte
 # lanes over a warp), GDN heads of 64 with four value heads per key head (out_proj's GEMV takes
 # 4·64 = 256 columns; three heads' 192 do not divide into its 128-column steps), QSA heads of 128
-# with 32 rotary dims and index heads of 32, intermediates multiples of 16 (NVFP4 blocks).
+# with 32 rotary dims and index heads of 32, intermediates multiples of 32 (the MoE kernels'
+# tiles: 16 and 48 are refused), a Gated Residual rank of at least 32.
 TINY_STEP = dict(
     vocab_size=512,
     hidden_size=256,
@@ -370,7 +380,7 @@ def as_vision_language(out_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tests/data", help="where the model folders go")
-    ap.add_argument("--only", help="make this model only (tiny-sparse, tiny-dense or tiny-step)")
+    ap.add_argument("--only", help="make this model only (tiny-sparse with tiny-sparse-nvfp4, tiny-dense or tiny-step)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

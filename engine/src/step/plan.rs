@@ -242,21 +242,27 @@ pub struct PlanUnits {
 mod tests {
     use super::*;
 
-    fn tiny_step() -> ModelConfig {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tiny-step/config.json");
-        ModelConfig::from_file(std::path::Path::new(path)).expect("tiny-step config")
+    /// The config of tests/data/`name`.
+    fn golden(name: &str) -> ModelConfig {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(name).join("config.json");
+        ModelConfig::from_file(&path).unwrap_or_else(|e| panic!("{name} config: {e}"))
     }
 
-    /// The model the GPU step is checked against fits every kernel, in both formats.
+    /// Every golden model (tests/gpu_step.rs runs each on the device) fits every kernel, in both
+    /// formats, each with the blocks it has.
     #[test]
-    fn tiny_step_fits_every_kernel() {
-        let cfg = tiny_step();
+    fn every_golden_fits_every_kernel() {
         // The NVFP4 input projection of GDN reads 512 columns a block: hidden 256 cannot take it.
         let nvfp4 = Formats { gdn_in_proj: false, ..Formats::NVFP4 };
-        for f in [Formats::BF16, nvfp4] {
-            let p = StepPlan::new(&cfg, f, 128).unwrap_or_else(|e| panic!("{f:?}: {e}"));
-            assert!(p.gdn.is_some() && p.qsa.is_some() && p.ple.is_some());
-            assert!(p.capacity >= 128);
+        for name in ["tiny-step", "tiny-sparse", "tiny-dense", "tiny-sparse-nvfp4"] {
+            let cfg = golden(name);
+            for f in [Formats::BF16, nvfp4] {
+                let p = StepPlan::new(&cfg, f, 128).unwrap_or_else(|e| panic!("{name} {f:?}: {e}"));
+                assert!(p.gdn.is_some() && p.qsa.is_some(), "{name}");
+                assert_eq!(p.ple.is_some(), !cfg.ple_layers.is_empty(), "{name}");
+                assert!(p.capacity >= 128);
+            }
         }
     }
 
@@ -435,12 +441,17 @@ mod tests {
         }
     }
 
-    /// A hidden size the 16-byte lanes cannot take is refused with the reason.
+    /// A hidden size the 16-byte lanes cannot take is refused with the reason, and so are three
+    /// streams (the Gated Residual's lanes split over the streams: their count divides 32).
     #[test]
     fn a_narrow_model_is_refused_with_the_reason() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tiny-dense/config.json");
-        let cfg = ModelConfig::from_file(std::path::Path::new(path)).expect("tiny-dense config");
-        let e = StepPlan::new(&cfg, Formats::BF16, 64).expect_err("hidden 48/64 does not fit").to_string();
-        assert!(e.contains("GPU kernels cannot run"), "{e}");
+        let mut cfg = golden("tiny-dense");
+        cfg.hidden_size = 64;
+        let e = StepPlan::new(&cfg, Formats::BF16, 64).expect_err("hidden 64 does not fit").to_string();
+        assert!(e.contains("GPU kernels cannot run") && e.contains("hidden size"), "{e}");
+        let mut cfg = golden("tiny-dense");
+        cfg.hc_streams = 3;
+        let e = StepPlan::new(&cfg, Formats::BF16, 64).expect_err("three streams do not fit").to_string();
+        assert!(e.contains("GPU kernels cannot run") && e.contains("Gated Residual"), "{e}");
     }
 }
