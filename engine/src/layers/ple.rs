@@ -383,6 +383,54 @@ impl PleTiles {
     }
 }
 
+impl PleTiles {
+    /// Tiles that run `shape` with either format's rows: each kernel at its default where that fits,
+    /// else at its first candidate that does (the projection's GEMV trying a narrower vector
+    /// first: a PLE width below 256 columns cannot take 32 lanes of 8). The result may still fail
+    /// [`PleTiles::check`] where no candidate of some kernel fits: the plan refuses it then.
+    pub fn fitting(shape: PleShape) -> PleTiles {
+        fn first<T: TileSet + Copy>(tries: impl IntoIterator<Item = T>, ok: impl Fn(T) -> bool) -> Option<T> {
+            tries.into_iter().find(|&t| ok(t))
+        }
+        let d = PleTiles::default();
+        let mut t = d;
+        // Each kernel against the others as chosen so far; the error names the kernel. The
+        // format-independent kernels are checked with bf16 rows (the check stops at the first
+        // error, and the NVFP4 gather comes first).
+        let fails = |t: PleTiles, kernel: &str| {
+            let f = if kernel == "ple_gather_nvfp4" { RowFormat::Nvfp4 } else { RowFormat::Bf16 };
+            t.check(shape, f).err().is_some_and(|e| e.kernel.contains(kernel))
+        };
+        if fails(t, "gemv_bf16") {
+            let narrow = gemv_bf16::Tiles { vec: 4, ..d.proj };
+            let tries = std::iter::once(narrow).chain(gemv_bf16::Tiles::candidates());
+            if let Some(p) = first(tries, |p| !fails(PleTiles { proj: p, ..t }, "gemv_bf16")) {
+                t.proj = p;
+            }
+        }
+        if fails(t, "ple_gather_bf16") {
+            if let Some(g) =
+                first(ple_gather_bf16::Tiles::candidates(), |g| !fails(PleTiles { gather: g, ..t }, "ple_gather_bf16"))
+            {
+                t.gather = g;
+            }
+        }
+        if fails(t, "ple_gather_nvfp4") {
+            let tries = ple_gather_nvfp4::Tiles::candidates();
+            if let Some(g) = first(tries, |g| !fails(PleTiles { gather_nvfp4: g, ..t }, "ple_gather_nvfp4")) {
+                t.gather_nvfp4 = g;
+            }
+        }
+        if fails(t, "ple_gate_conv") {
+            let tries = ple_gate_conv::Tiles::candidates();
+            if let Some(g) = first(tries, |g| !fails(PleTiles { gate_conv: g, ..t }, "ple_gate_conv")) {
+                t.gate_conv = g;
+            }
+        }
+        t
+    }
+}
+
 /// A table of `format` rows at address 0 (its global scale 1): for checking shapes.
 fn ple_table_rows_unbound(format: RowFormat, width: usize) -> TableRows {
     match format {

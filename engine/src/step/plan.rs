@@ -145,8 +145,17 @@ impl StepPlan {
             renormalise: cfg.norm_topk_prob,
         };
         let moe_tiles = MoeTiles::fitting(moe).ok_or_else(|| unsupported("MoE", format!("{moe:?}")))?;
-        let ple =
-            if cfg.ple_layers.is_empty() { None } else { Some((PleShape::from_config(cfg)?, PleTiles::default())) };
+        let ple = if cfg.ple_layers.is_empty() {
+            None
+        } else {
+            // A checkpoint's tables go to host memory in bf16 whatever `formats` says, so the
+            // plan is checked with bf16 rows; the NVFP4 gather (synthetic tables and table files)
+            // is checked where such a table is made (`ModelOnDevice::synthetic`).
+            let shape = PleShape::from_config(cfg)?;
+            let tiles = PleTiles::fitting(shape);
+            tiles.check(shape, RowFormat::Bf16).map_err(|e| unsupported("PLE layers", e))?;
+            Some((shape, tiles))
+        };
         Ok(StepPlan {
             formats,
             eps: cfg.rms_norm_eps,
@@ -262,6 +271,10 @@ mod tests {
                 assert!(p.gdn.is_some() && p.qsa.is_some(), "{name}");
                 assert_eq!(p.ple.is_some(), !cfg.ple_layers.is_empty(), "{name}");
                 assert!(p.capacity >= 128);
+                // Every launch of the planned blocks, with the rows a checkpoint's tables have.
+                if let Some((shape, tiles)) = p.ple {
+                    tiles.check(shape, RowFormat::Bf16).unwrap_or_else(|e| panic!("{name} PLE: {e}"));
+                }
             }
         }
     }

@@ -251,6 +251,11 @@ impl ModelOnDevice {
                 gpu.info().name
             )));
         }
+        if let Some((shape, tiles)) = &plan.ple {
+            tiles.check(*shape, f.ple_table).map_err(|e| {
+                Error::Buffer(format!("the GPU kernels cannot run this model's PLE table in {:?}: {e}", f.ple_table))
+            })?;
+        }
         let layers = synthetic::layers(gpu, cfg, &f, seed, progress)?;
         let ple = if cfg.ple_layers.is_empty() {
             None
