@@ -267,12 +267,16 @@ fn tiny_sparse_nvfp4_reproduces_the_goldens() {
 }
 
 /// The NVFP4 checkpoint's dequantised weights held in bf16 (each a product of an E2M1 value, an
-/// E4M3 scale and the f32 global scale, rounded once to bf16): as near its goldens as a bf16
-/// checkpoint is to its own.
+/// E4M3 scale and the f32 global scale, rounded once to bf16). Unlike a bf16 checkpoint, whose
+/// goldens are computed on the very values the device holds, these goldens are computed on the
+/// unrounded products, so every weight carries one more bf16 rounding (up to 2^-9 relative) than
+/// the bf16 models do: the bound is twice theirs. (H200, 2026-11-30: at 1e-2 one position of 88
+/// came out at 1.09e-2, as far from the CPU reference on the unrounded weights as from
+/// transformers, with no router near a tie.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn tiny_sparse_nvfp4_in_bf16_reproduces_the_goldens() {
-    reproduces("tiny-sparse-nvfp4", Formats::BF16, 1e-2);
+    reproduces("tiny-sparse-nvfp4", Formats::BF16, 2e-2);
 }
 
 /// Greedy decoding for 256 tokens from the goldens' prompt, eager and through the graph: the same
