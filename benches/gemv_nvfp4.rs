@@ -57,67 +57,62 @@ fn weights(gpu: &Gpu, rng: &mut Rng, rows: usize, cols: usize, nvfp4: bool) -> W
     }
 }
 
-/// A graph of `launches` GEMVs cycling through the copies, after one eager launch.
+/// One eager launch of `args(0)` (it must be valid before it is captured), then a graph of
+/// `launches` launches of `args(i)`.
+///
+/// # Safety
+/// Every `args(i)` must address buffers that hold what the kernel reads and writes.
+unsafe fn capture<K: KernelDef>(
+    gpu: &Gpu,
+    k: &engine::cuda::LoadedKernel<K>,
+    launches: usize,
+    args: impl Fn(usize) -> K::Args,
+) -> Graph {
+    // SAFETY: the caller vouches for every launch's arguments.
+    unsafe { k.launch(gpu, &args(0)) }.expect("launch");
+    gpu.synchronize().expect("sync");
+    gpu.capture(|| {
+        for i in 0..launches {
+            // SAFETY: as above.
+            unsafe { k.launch(gpu, &args(i)) }?;
+        }
+        Ok(())
+    })
+    .expect("capture")
+}
+
+/// A graph of `launches` GEMVs cycling through the copies.
 fn graph(gpu: &Gpu, w: &Weights, b: &mut Buffers, tiles: Tiles, rows: usize, cols: usize, launches: usize) -> Graph {
     let (rows, cols) = (rows as u32, cols as u32);
+    let (x, y, partial, counters) = (b.x.ptr(), b.y.ptr_mut(), b.partial.ptr_mut(), b.counters.ptr_mut());
     match (w, tiles) {
         (Weights::Bf16(ws), Tiles::Bf16(t)) => {
             let k = gpu.kernel::<gemv_bf16::Kernel>(t).expect("compile");
-            let args = |b: &mut Buffers, i: usize| gemv_bf16::Args {
-                w: ws[i % ws.len()].ptr(),
-                x: b.x.ptr(),
-                y: b.y.ptr_mut(),
-                partial: b.partial.ptr_mut(),
-                counters: b.counters.ptr_mut(),
-                rows,
-                cols,
-            };
-            let a = args(b, 0);
+            let args = |i: usize| gemv_bf16::Args { w: ws[i % ws.len()].ptr(), x, y, partial, counters, rows, cols };
             // SAFETY: every W copy is rows×cols, x cols, y rows, partial 16·rows, counters rows.
-            unsafe { k.launch(gpu, &a) }.expect("launch");
-            gpu.synchronize().expect("sync");
-            gpu.capture(|| {
-                for i in 0..launches {
-                    let a = args(b, i);
-                    // SAFETY: as above.
-                    unsafe { k.launch(gpu, &a) }?;
-                }
-                Ok(())
-            })
-            .expect("capture")
+            unsafe { capture(gpu, &k, launches, args) }
         }
         (Weights::Nvfp4 { packed, scales, scale2 }, Tiles::Nvfp4(t)) => {
             let k = gpu.kernel::<gemv_nvfp4::Kernel>(t).expect("compile");
             let r = k.resources();
             println!("  {} : {} registers, {} B spilled", k.key(), r.registers, r.spill_store_bytes);
-            let args = |b: &mut Buffers, i: usize| gemv_nvfp4::Args {
+            let args = |i: usize| gemv_nvfp4::Args {
                 packed: packed[i % packed.len()].ptr(),
                 scales: scales[i % scales.len()].ptr(),
                 scale2: scale2.ptr(),
-                x: b.x.ptr(),
-                y: b.y.ptr_mut(),
-                partial: b.partial.ptr_mut(),
-                counters: b.counters.ptr_mut(),
+                x,
+                y,
+                partial,
+                counters,
                 rows,
                 cols,
                 seg1: rows,
                 seg2: rows,
                 seg3: rows,
             };
-            let a = args(b, 0);
             // SAFETY: every copy holds rows×cols/2 code bytes and rows×cols/16 scales; x cols,
             // y rows, partial 16·rows, counters rows.
-            unsafe { k.launch(gpu, &a) }.expect("launch");
-            gpu.synchronize().expect("sync");
-            gpu.capture(|| {
-                for i in 0..launches {
-                    let a = args(b, i);
-                    // SAFETY: as above.
-                    unsafe { k.launch(gpu, &a) }?;
-                }
-                Ok(())
-            })
-            .expect("capture")
+            unsafe { capture(gpu, &k, launches, args) }
         }
         _ => unreachable!("a variant's tiles match its weights' format"),
     }

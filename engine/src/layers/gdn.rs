@@ -207,25 +207,16 @@ impl GdnWeightsOnDevice {
         let rows = [shape.conv_dim(), shape.z_dim(), shape.value_heads, shape.value_heads];
         let names = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"];
         for ((m, r), name) in in_proj.iter().zip(rows).zip(names) {
-            let ok = m.rows == r && m.cols == d && m.packed.len() * 2 == r * d && m.scales.len() * 16 == r * d;
-            if !ok {
-                return Err(Error::Buffer(format!(
-                    "GDN {name} in NVFP4: [{}, {}] with {} codes and {} scales for a shape that needs [{r}, {d}]",
-                    m.rows,
-                    m.cols,
-                    m.packed.len() * 2,
-                    m.scales.len() * 16
-                )));
+            if m.rows != r {
+                return Err(Error::Buffer(format!("GDN {name} in NVFP4: {} rows for a shape that needs {r}", m.rows)));
             }
         }
         Self::check_lengths(shape, w)?;
-        let packed: Vec<E2m1x2> = in_proj.iter().flat_map(|m| m.packed.iter().map(|&b| E2m1x2(b))).collect();
-        let scales: Vec<E4m3> = in_proj.iter().flat_map(|m| m.scales.iter().map(|&b| E4m3(b))).collect();
-        let scale2: Vec<f32> = in_proj.iter().map(|m| m.scale_2).collect();
-        let in_proj = InProjOnDevice::Nvfp4 {
-            packed: gpu.upload(&packed)?,
-            scales: gpu.upload(&scales)?,
-            scale2: gpu.upload(&scale2)?,
+        // The four matrices stacked with their global scales, their codes and scales checked
+        // against `hidden` columns; the kernel finds each matrix's rows itself.
+        let in_proj = match MatrixOnDevice::nvfp4(gpu, "GDN input projection", &in_proj, d)? {
+            MatrixOnDevice::Nvfp4 { packed, scales, scale2, .. } => InProjOnDevice::Nvfp4 { packed, scales, scale2 },
+            MatrixOnDevice::Bf16(_) => unreachable!("MatrixOnDevice::nvfp4 makes NVFP4"),
         };
         Self::upload_with(gpu, shape, in_proj, w)
     }

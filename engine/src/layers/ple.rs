@@ -389,45 +389,38 @@ impl PleTiles {
     /// first: a PLE width below 256 columns cannot take 32 lanes of 8). The result may still fail
     /// [`PleTiles::check`] where no candidate of some kernel fits: the plan refuses it then.
     pub fn fitting(shape: PleShape) -> PleTiles {
-        fn first<T: TileSet + Copy>(tries: impl IntoIterator<Item = T>, ok: impl Fn(T) -> bool) -> Option<T> {
-            tries.into_iter().find(|&t| ok(t))
-        }
-        let d = PleTiles::default();
-        let mut t = d;
         // Each kernel against the others as chosen so far; the error names the kernel. The
         // format-independent kernels are checked with bf16 rows (the check stops at the first
         // error, and the NVFP4 gather comes first).
-        let fails = |t: PleTiles, kernel: &str| {
+        let fails = |t: &PleTiles, kernel: &str| {
             let f = if kernel == "ple_gather_nvfp4" { RowFormat::Nvfp4 } else { RowFormat::Bf16 };
             t.check(shape, f).err().is_some_and(|e| e.kernel.contains(kernel))
         };
-        if fails(t, "gemv_bf16") {
-            let narrow = gemv_bf16::Tiles { vec: 4, ..d.proj };
-            let tries = std::iter::once(narrow).chain(gemv_bf16::Tiles::candidates());
-            if let Some(p) = first(tries, |p| !fails(PleTiles { proj: p, ..t }, "gemv_bf16")) {
-                t.proj = p;
+        /// `t` with the first of `tries` that `kernel` accepts put in by `set`, if it rejects `t`.
+        fn refit<T: Copy>(
+            t: PleTiles,
+            kernel: &str,
+            tries: impl IntoIterator<Item = T>,
+            set: fn(&mut PleTiles, T),
+            fails: &dyn Fn(&PleTiles, &str) -> bool,
+        ) -> PleTiles {
+            if !fails(&t, kernel) {
+                return t;
             }
+            let with = |v: T| {
+                let mut c = t;
+                set(&mut c, v);
+                c
+            };
+            tries.into_iter().map(with).find(|c| !fails(c, kernel)).unwrap_or(t)
         }
-        if fails(t, "ple_gather_bf16") {
-            if let Some(g) =
-                first(ple_gather_bf16::Tiles::candidates(), |g| !fails(PleTiles { gather: g, ..t }, "ple_gather_bf16"))
-            {
-                t.gather = g;
-            }
-        }
-        if fails(t, "ple_gather_nvfp4") {
-            let tries = ple_gather_nvfp4::Tiles::candidates();
-            if let Some(g) = first(tries, |g| !fails(PleTiles { gather_nvfp4: g, ..t }, "ple_gather_nvfp4")) {
-                t.gather_nvfp4 = g;
-            }
-        }
-        if fails(t, "ple_gate_conv") {
-            let tries = ple_gate_conv::Tiles::candidates();
-            if let Some(g) = first(tries, |g| !fails(PleTiles { gate_conv: g, ..t }, "ple_gate_conv")) {
-                t.gate_conv = g;
-            }
-        }
-        t
+        let d = PleTiles::default();
+        let narrow = gemv_bf16::Tiles { vec: 4, ..d.proj };
+        let proj = std::iter::once(narrow).chain(gemv_bf16::Tiles::candidates());
+        let t = refit(d, "gemv_bf16", proj, |t, v| t.proj = v, &fails);
+        let t = refit(t, "ple_gather_bf16", ple_gather_bf16::Tiles::candidates(), |t, v| t.gather = v, &fails);
+        let t = refit(t, "ple_gather_nvfp4", ple_gather_nvfp4::Tiles::candidates(), |t, v| t.gather_nvfp4 = v, &fails);
+        refit(t, "ple_gate_conv", ple_gate_conv::Tiles::candidates(), |t, v| t.gate_conv = v, &fails)
     }
 }
 

@@ -482,19 +482,10 @@ impl QsaTiles {
     /// Whether the NVFP4 projections' GEMVs can run `shape` at these tiles (with their scratch).
     pub fn check_nvfp4(&self, shape: QsaShape) -> std::result::Result<(), LaunchError> {
         let a = QsaLaunches::unbound(shape, 4 * shape.block_tokens, self.attention);
-        for (name, tiles, args, rows) in [
-            ("gemv_nvfp4 (QSA in_proj)", &self.in_proj_nvfp4, &a.in_proj_nvfp4, shape.in_rows()),
-            ("gemv_nvfp4 (QSA o_proj)", &self.o_proj_nvfp4, &a.o_proj_nvfp4, shape.hidden),
-        ] {
-            let dims = gemv_nvfp4::Kernel::launch_dims(tiles, args)?;
-            if dims.grid[0] as usize > rows || dims.grid[1] as usize > MAX_SPLIT {
-                return Err(LaunchError {
-                    kernel: name,
-                    message: "the GEMV's scratch is sized for 16 splits and one counter per row".to_owned(),
-                });
-            }
-        }
-        Ok(())
+        let dims = gemv_nvfp4::Kernel::launch_dims(&self.in_proj_nvfp4, &a.in_proj_nvfp4)?;
+        gemv_scratch_fits("gemv_nvfp4 (QSA in_proj)", dims, shape.in_rows())?;
+        let dims = gemv_nvfp4::Kernel::launch_dims(&self.o_proj_nvfp4, &a.o_proj_nvfp4)?;
+        gemv_scratch_fits("gemv_nvfp4 (QSA o_proj)", dims, shape.hidden)
     }
 
     /// Whether these tiles can run `shape` with caches of `capacity` tokens: each kernel's
@@ -502,14 +493,7 @@ impl QsaTiles {
     pub fn check(&self, shape: QsaShape, capacity: usize) -> std::result::Result<(), LaunchError> {
         let a = QsaLaunches::unbound(shape, capacity, self.attention);
         let gemv_fits = |name: &'static str, tiles: &gemv_bf16::Tiles, args: &gemv_bf16::Args, rows: usize| {
-            let dims = gemv_bf16::Kernel::launch_dims(tiles, args)?;
-            if dims.grid[0] as usize > rows || dims.grid[1] as usize > MAX_SPLIT {
-                return Err(LaunchError {
-                    kernel: name,
-                    message: "the GEMV's scratch is sized for 16 splits and one counter per row".to_owned(),
-                });
-            }
-            Ok(())
+            gemv_scratch_fits(name, gemv_bf16::Kernel::launch_dims(tiles, args)?, rows)
         };
         gemv_fits("gemv_bf16 (QSA in_proj)", &self.in_proj, &a.in_proj, shape.in_rows())?;
         qsa_prepare::Kernel::launch_dims(&self.prepare, &a.prepare)?;
@@ -529,6 +513,22 @@ impl QsaTiles {
         gemv_fits("gemv_bf16 (QSA o_proj)", &self.o_proj, &a.o_proj, shape.hidden)?;
         Ok(())
     }
+}
+
+/// Whether a GEMV's grid fits its scratch: split-K partials for [`MAX_SPLIT`] splits and one
+/// counter per row (at most `rows` row tiles).
+fn gemv_scratch_fits(
+    name: &'static str,
+    dims: kernel_dsl::LaunchDims,
+    rows: usize,
+) -> std::result::Result<(), LaunchError> {
+    if dims.grid[0] as usize > rows || dims.grid[1] as usize > MAX_SPLIT {
+        return Err(LaunchError {
+            kernel: name,
+            message: "the GEMV's scratch is sized for 16 splits and one counter per row".to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// The QSA kernels, compiled for one device at chosen tiles.
