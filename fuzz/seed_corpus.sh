@@ -9,6 +9,8 @@ data=../tests/data
 mkdir -p corpus/config corpus/safetensors
 for m in "$data"/*/; do
   m=$(basename "$m")
+  # A model's folder has its config; others (tests/data/bench-report: bench records) are not seeds.
+  [ -e "$data/$m/config.json" ] || continue
   cp "$data/$m/config.json" "corpus/config/$m.json"
   for f in "$data/$m"/model*.safetensors; do
     [ -e "$f" ] || continue
