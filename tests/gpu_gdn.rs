@@ -220,7 +220,8 @@ fn case(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, tiles: &[GdnTile
 fn case_with(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, nvfp4_out: bool, tiles: &[GdnTiles]) {
     let cfg = config(shape);
     let mut w = weights(rng, shape);
-    let dw = if nvfp4 {
+    let lin = |m: &Nvfp4Matrix| Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None };
+    let in_proj = nvfp4.then(|| {
         let (d, hv) = (shape.hidden, shape.value_heads);
         let m = [
             random_nvfp4(rng, shape.conv_dim(), d),
@@ -228,19 +229,24 @@ fn case_with(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, nvfp4_out: 
             random_nvfp4(rng, hv, d),
             random_nvfp4(rng, hv, d),
         ];
-        let lin = |m: &Nvfp4Matrix| Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None };
         (w.in_qkv, w.in_z, w.in_b, w.in_a) = (lin(&m[0]), lin(&m[1]), lin(&m[2]), lin(&m[3]));
-        GdnWeightsOnDevice::upload_nvfp4(gpu, shape, [&m[0], &m[1], &m[2], &m[3]], &w).expect("upload")
-    } else {
-        GdnWeightsOnDevice::upload_bf16(gpu, shape, &w).expect("upload")
-    };
-    let dw = if nvfp4_out {
+        m
+    });
+    let out_proj = nvfp4_out.then(|| {
         let m = random_nvfp4(rng, shape.hidden, shape.z_dim());
-        w.out = Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None };
-        dw.with_nvfp4_out_proj(gpu, &m).expect("upload out_proj")
-    } else {
-        dw
-    };
+        w.out = lin(&m);
+        m
+    });
+    let dw = match &in_proj {
+        // upload_nvfp4 and upload_bf16 where they cover the case, `upload` with out_proj in NVFP4.
+        Some(m) if out_proj.is_none() => GdnWeightsOnDevice::upload_nvfp4(gpu, shape, [&m[0], &m[1], &m[2], &m[3]], &w),
+        None if out_proj.is_none() => GdnWeightsOnDevice::upload_bf16(gpu, shape, &w),
+        _ => {
+            let in_proj = in_proj.as_ref().map(|m| [&m[0], &m[1], &m[2], &m[3]]);
+            GdnWeightsOnDevice::upload(gpu, shape, &w, in_proj, out_proj.as_ref())
+        }
+    }
+    .expect("upload");
     let xs: Vec<Vec<bf16>> = (0..TOKENS).map(|_| rng.bf16_normal(shape.hidden, 1.0)).collect();
     let want = expected(&cfg, &w, &xs);
     for (i, t) in tiles.iter().enumerate() {

@@ -41,7 +41,7 @@ use crate::kernels::gdn::out_proj::gdn_out_proj;
 use crate::kernels::gdn::state_update::gdn_state_update;
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::kernels::gemv_nvfp4::gemv_nvfp4;
-use crate::layers::matrix::MatrixOnDevice;
+use crate::layers::matrix::{MatrixOnDevice, matrix_bytes};
 use crate::model::config::ModelConfig;
 use crate::model::nvfp4::Nvfp4Matrix;
 use crate::model::weights::GdnWeights;
@@ -130,16 +130,14 @@ impl GdnShape {
     }
 
     /// Bytes of the stacked input projection's weights: bf16, or NVFP4 (0.5625 B a value: codes
-    /// and e4m3 block scales, plus four global scales).
+    /// and e4m3 block scales, plus the four matrices' global scales).
     pub fn in_proj_weight_bytes(&self, nvfp4: bool) -> usize {
-        let v = self.in_rows() * self.hidden;
-        if nvfp4 { v / 2 + v / 16 + 4 * 4 } else { 2 * v }
+        matrix_bytes(self.in_rows(), self.hidden, nvfp4, 4)
     }
 
     /// Bytes of out_proj's weights: bf16, or NVFP4 (codes, e4m3 block scales, one global scale).
     pub fn out_proj_weight_bytes(&self, nvfp4: bool) -> usize {
-        let v = self.hidden * self.z_dim();
-        if nvfp4 { v / 2 + v / 16 + 4 } else { 2 * v }
+        matrix_bytes(self.hidden, self.z_dim(), nvfp4, 1)
     }
 
     /// Bytes of the layer's weights: the input projection and out_proj in their formats, the conv
@@ -195,30 +193,60 @@ pub struct GdnWeightsOnDevice {
 impl GdnWeightsOnDevice {
     /// Uploads `w`, its matrices, conv and norm rounded to bf16 (exact for a bf16 checkpoint).
     pub fn upload_bf16(gpu: &Gpu, shape: GdnShape, w: &GdnWeights) -> Result<Self> {
-        Self::check_lengths(shape, w)?;
-        let in_proj = InProjOnDevice::Bf16(gpu.upload(&stack_in_proj(w))?);
-        Self::upload_with(gpu, shape, in_proj, w)
+        Self::upload(gpu, shape, w, None, None)
     }
 
     /// Uploads the input projection from its four NVFP4 matrices (qkv, z, b, a) and the rest of
     /// `w` (whose input projections are not read) in bf16.
     pub fn upload_nvfp4(gpu: &Gpu, shape: GdnShape, in_proj: [&Nvfp4Matrix; 4], w: &GdnWeights) -> Result<Self> {
-        let d = shape.hidden;
-        let rows = [shape.conv_dim(), shape.z_dim(), shape.value_heads, shape.value_heads];
+        Self::upload(gpu, shape, w, Some(in_proj), None)
+    }
+
+    /// Uploads `w` with the input projection from its four NVFP4 matrices (qkv, z, b, a) where
+    /// given and out_proj from its NVFP4 matrix [hidden, z_dim] where given, the rest in bf16.
+    /// Each matrix goes up once, in the format it runs in.
+    pub fn upload(
+        gpu: &Gpu,
+        shape: GdnShape,
+        w: &GdnWeights,
+        in_proj: Option<[&Nvfp4Matrix; 4]>,
+        out_proj: Option<&Nvfp4Matrix>,
+    ) -> Result<Self> {
+        let (d, hv) = (shape.hidden, shape.value_heads);
+        let rows = [shape.conv_dim(), shape.z_dim(), hv, hv];
         let names = ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"];
-        for ((m, r), name) in in_proj.iter().zip(rows).zip(names) {
+        let nvfp4_rows = in_proj.iter().flat_map(|m| m.iter().zip(rows).zip(names));
+        for ((m, r), name) in nvfp4_rows.chain(out_proj.iter().map(|m| ((m, d), "out_proj"))) {
             if m.rows != r {
                 return Err(Error::Buffer(format!("GDN {name} in NVFP4: {} rows for a shape that needs {r}", m.rows)));
             }
         }
         Self::check_lengths(shape, w)?;
-        // The four matrices stacked with their global scales, their codes and scales checked
-        // against `hidden` columns; the kernel finds each matrix's rows itself.
-        let in_proj = match MatrixOnDevice::nvfp4(gpu, "GDN input projection", &in_proj, d)? {
-            MatrixOnDevice::Nvfp4 { packed, scales, scale2, .. } => InProjOnDevice::Nvfp4 { packed, scales, scale2 },
-            MatrixOnDevice::Bf16(_) => unreachable!("MatrixOnDevice::nvfp4 makes NVFP4"),
+        let in_proj = match in_proj {
+            // The four matrices stacked with their global scales, their codes and scales checked
+            // against `hidden` columns; the kernel finds each matrix's rows itself.
+            Some(m) => match MatrixOnDevice::nvfp4(gpu, "GDN input projection", &m, d)? {
+                MatrixOnDevice::Nvfp4 { packed, scales, scale2, .. } => {
+                    InProjOnDevice::Nvfp4 { packed, scales, scale2 }
+                }
+                MatrixOnDevice::Bf16(_) => unreachable!("MatrixOnDevice::nvfp4 makes NVFP4"),
+            },
+            None => InProjOnDevice::Bf16(gpu.upload(&stack_in_proj(w))?),
         };
-        Self::upload_with(gpu, shape, in_proj, w)
+        let out_proj = match out_proj {
+            Some(m) => MatrixOnDevice::nvfp4(gpu, "GDN out_proj", &[m], shape.z_dim())?,
+            None => MatrixOnDevice::bf16(gpu, &w.out.w)?,
+        };
+        let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+        Ok(GdnWeightsOnDevice {
+            shape,
+            in_proj,
+            conv: gpu.upload(&to_bf16(&w.conv))?,
+            a_log: gpu.upload(&w.a_log)?,
+            dt_bias: gpu.upload(&w.dt_bias)?,
+            norm: gpu.upload(&to_bf16(&w.norm))?,
+            out_proj,
+        })
     }
 
     fn check_lengths(shape: GdnShape, w: &GdnWeights) -> Result<()> {
@@ -244,32 +272,6 @@ impl GdnWeightsOnDevice {
             return Err(Error::Buffer("GDN projections have no bias in this model".to_owned()));
         }
         Ok(())
-    }
-
-    fn upload_with(gpu: &Gpu, shape: GdnShape, in_proj: InProjOnDevice, w: &GdnWeights) -> Result<Self> {
-        let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
-        Ok(GdnWeightsOnDevice {
-            shape,
-            in_proj,
-            conv: gpu.upload(&to_bf16(&w.conv))?,
-            a_log: gpu.upload(&w.a_log)?,
-            dt_bias: gpu.upload(&w.dt_bias)?,
-            norm: gpu.upload(&to_bf16(&w.norm))?,
-            out_proj: MatrixOnDevice::bf16(gpu, &w.out.w)?,
-        })
-    }
-
-    /// These weights with out_proj replaced by `m` in NVFP4 ([hidden, z_dim]).
-    pub fn with_nvfp4_out_proj(mut self, gpu: &Gpu, m: &Nvfp4Matrix) -> Result<Self> {
-        let (rows, cols) = (self.shape.hidden, self.shape.z_dim());
-        if m.rows != rows {
-            return Err(Error::Buffer(format!(
-                "GDN out_proj in NVFP4: {} rows for a shape that needs [{rows}, {cols}]",
-                m.rows
-            )));
-        }
-        self.out_proj = MatrixOnDevice::nvfp4(gpu, "GDN out_proj", &[m], cols)?;
-        Ok(self)
     }
 }
 

@@ -85,8 +85,9 @@ impl MatrixOnDevice {
     }
 }
 
-/// Bytes of a [rows, cols] matrix: bf16, or NVFP4 (codes, e4m3 block scales, four global scales).
-pub fn matrix_bytes(rows: usize, cols: usize, nvfp4: bool) -> usize {
+/// Bytes of a [rows, cols] matrix: bf16, or NVFP4 (codes, e4m3 block scales, and the global
+/// scales of the `matrices` stacked in it, which the GEMV reads).
+pub fn matrix_bytes(rows: usize, cols: usize, nvfp4: bool, matrices: usize) -> usize {
     let v = rows * cols;
-    if nvfp4 { v / 2 + v / 16 + 4 * MAX_STACKED } else { 2 * v }
+    if nvfp4 { v / 2 + v / 16 + 4 * matrices } else { 2 * v }
 }

@@ -115,8 +115,8 @@ impl QsaShape {
     /// Bytes of the layer's weights: the stacked projection and o_proj (bf16, or NVFP4 when
     /// `nvfp4`), the four norms in bf16.
     pub fn weight_bytes(&self, nvfp4: bool) -> usize {
-        matrix_bytes(self.in_rows(), self.hidden, nvfp4)
-            + matrix_bytes(self.hidden, self.attn_dim(), nvfp4)
+        matrix_bytes(self.in_rows(), self.hidden, nvfp4, 4)
+            + matrix_bytes(self.hidden, self.attn_dim(), nvfp4, 1)
             + 2 * (2 * self.head_dim + 2 * self.index_dim)
     }
 
@@ -174,6 +174,19 @@ impl QsaWeightsOnDevice {
     /// Uploads `w` rounded to bf16 (exact for a bf16 checkpoint), after checking every length
     /// against `shape`.
     pub fn upload_bf16(gpu: &Gpu, shape: QsaShape, w: &QsaWeights) -> Result<Self> {
+        Self::upload(gpu, shape, w, None)
+    }
+
+    /// Uploads `w` with the projections from NVFP4 matrices where given: `in_proj` the four
+    /// [q_proj (with its gate rows), k_proj, v_proj, index_qk_proj], `o_proj` [hidden, attn_dim];
+    /// the norms (and the projections otherwise) rounded to bf16. Each matrix goes up once, in the
+    /// format it runs in.
+    pub fn upload(
+        gpu: &Gpu,
+        shape: QsaShape,
+        w: &QsaWeights,
+        nvfp4: Option<([&Nvfp4Matrix; 4], &Nvfp4Matrix)>,
+    ) -> Result<Self> {
         let (d, sh) = (shape.hidden, shape);
         let checks = [
             ("q_proj", w.q.w.len(), 2 * sh.attn_dim() * d),
@@ -194,45 +207,35 @@ impl QsaWeightsOnDevice {
         if [&w.q, &w.k, &w.v, &w.index_qk, &w.o].iter().any(|l| l.bias.is_some()) {
             return Err(Error::Buffer("QSA projections have no bias in this model".to_owned()));
         }
+        let (in_proj, o_proj) = match nvfp4 {
+            Some((in_proj, o_proj)) => {
+                let rows = [2 * sh.attn_dim(), sh.kv_dim(), sh.kv_dim(), (sh.index_heads + 1) * sh.index_dim];
+                let names = ["q_proj", "k_proj", "v_proj", "index_qk_proj"];
+                for ((m, r), name) in in_proj.iter().zip(rows).zip(names).chain([((&o_proj, d), "o_proj")]) {
+                    if m.rows != r {
+                        return Err(Error::Buffer(format!(
+                            "QSA {name} in NVFP4: {} rows for a shape that needs {r}",
+                            m.rows
+                        )));
+                    }
+                }
+                (
+                    MatrixOnDevice::nvfp4(gpu, "QSA in_proj", &in_proj, d)?,
+                    MatrixOnDevice::nvfp4(gpu, "QSA o_proj", &[o_proj], sh.attn_dim())?,
+                )
+            }
+            None => (MatrixOnDevice::Bf16(gpu.upload(&stack_in_proj(w))?), MatrixOnDevice::bf16(gpu, &w.o.w)?),
+        };
         let to_bf16 = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
         Ok(QsaWeightsOnDevice {
             shape,
-            in_proj: MatrixOnDevice::Bf16(gpu.upload(&stack_in_proj(w))?),
-            o_proj: MatrixOnDevice::bf16(gpu, &w.o.w)?,
+            in_proj,
+            o_proj,
             q_norm: gpu.upload(&to_bf16(&w.q_norm))?,
             k_norm: gpu.upload(&to_bf16(&w.k_norm))?,
             index_q_norm: gpu.upload(&to_bf16(&w.index_q_norm))?,
             index_k_norm: gpu.upload(&to_bf16(&w.index_k_norm))?,
         })
-    }
-}
-
-impl QsaWeightsOnDevice {
-    /// These weights with the projections replaced by NVFP4 ones: `in_proj` the four matrices
-    /// [q_proj (with its gate rows), k_proj, v_proj, index_qk_proj], `o_proj` [hidden, attn_dim].
-    pub fn with_nvfp4_projections(
-        mut self,
-        gpu: &Gpu,
-        in_proj: [&Nvfp4Matrix; 4],
-        o_proj: &Nvfp4Matrix,
-    ) -> Result<Self> {
-        let sh = self.shape;
-        let rows = [2 * sh.attn_dim(), sh.kv_dim(), sh.kv_dim(), (sh.index_heads + 1) * sh.index_dim];
-        let names = ["q_proj", "k_proj", "v_proj", "index_qk_proj"];
-        for ((m, r), name) in in_proj.iter().zip(rows).zip(names) {
-            if m.rows != r {
-                return Err(Error::Buffer(format!("QSA {name} in NVFP4: {} rows for a shape that needs {r}", m.rows)));
-            }
-        }
-        if o_proj.rows != sh.hidden {
-            return Err(Error::Buffer(format!(
-                "QSA o_proj in NVFP4: {} rows for a shape that needs {}",
-                o_proj.rows, sh.hidden
-            )));
-        }
-        self.in_proj = MatrixOnDevice::nvfp4(gpu, "QSA in_proj", &in_proj, sh.hidden)?;
-        self.o_proj = MatrixOnDevice::nvfp4(gpu, "QSA o_proj", &[o_proj], sh.attn_dim())?;
-        Ok(self)
     }
 }
 

@@ -305,33 +305,24 @@ impl ModelOnDevice {
         for (l, lw) in w.layers.iter().enumerate() {
             let mixer = match (&lw.mixer, &plan.gdn, &plan.qsa) {
                 (MixerWeights::Gdn(g), Some((shape, _)), _) => {
-                    let gw = if f.gdn_in_proj {
-                        let m = gdn_in_proj_nvfp4(w, l).expect("a GDN layer");
-                        GdnWeightsOnDevice::upload_nvfp4(gpu, *shape, [&m[0], &m[1], &m[2], &m[3]], g)?
-                    } else {
-                        GdnWeightsOnDevice::upload_bf16(gpu, *shape, g)?
-                    };
-                    MixerOnDevice::Gdn(if f.gdn_out_proj {
-                        gw.with_nvfp4_out_proj(gpu, &nvfp4_matrix(w, &names::gdn_out_proj(l), &g.out, false))?
-                    } else {
-                        gw
-                    })
+                    let in_proj = if f.gdn_in_proj { gdn_in_proj_nvfp4(w, l) } else { None };
+                    let in_proj = in_proj.as_ref().map(|m| [&*m[0], &*m[1], &*m[2], &*m[3]]);
+                    let out_proj = f.gdn_out_proj.then(|| nvfp4_matrix(w, &names::gdn_out_proj(l), &g.out, false));
+                    MixerOnDevice::Gdn(GdnWeightsOnDevice::upload(gpu, *shape, g, in_proj, out_proj.as_deref())?)
                 }
                 (MixerWeights::Qsa(q), _, Some((shape, _))) => {
-                    let qw = QsaWeightsOnDevice::upload_bf16(gpu, *shape, q)?;
-                    MixerOnDevice::Qsa(if f.qsa {
-                        let [qn, kn, vn, ixn, on] = names::qsa_projections(l);
-                        let m = [
+                    let [qn, kn, vn, ixn, on] = names::qsa_projections(l);
+                    let m = f.qsa.then(|| {
+                        let stacked = [
                             nvfp4_matrix(w, &qn, &q.q, false),
                             nvfp4_matrix(w, &kn, &q.k, false),
                             nvfp4_matrix(w, &vn, &q.v, false),
                             nvfp4_matrix(w, &ixn, &q.index_qk, false),
                         ];
-                        let o = nvfp4_matrix(w, &on, &q.o, false);
-                        qw.with_nvfp4_projections(gpu, [&m[0], &m[1], &m[2], &m[3]], &o)?
-                    } else {
-                        qw
-                    })
+                        (stacked, nvfp4_matrix(w, &on, &q.o, false))
+                    });
+                    let nvfp4 = m.as_ref().map(|(s, o)| ([&*s[0], &*s[1], &*s[2], &*s[3]], &**o));
+                    MixerOnDevice::Qsa(QsaWeightsOnDevice::upload(gpu, *shape, q, nvfp4)?)
                 }
                 _ => {
                     return Err(Error::Buffer(format!(
