@@ -127,8 +127,10 @@ has_tool() { [[ ",$tools_csv," == *",$1,"* ]]; }
 
 # Rough seconds per run on the NVIDIA H200 (compute-sanitizer 2025.3.1, driver 580, the kernel
 # cache warm), by test binary: memcheck, racecheck, initcheck ("-": that tool does not run there).
-# Measured in RELIABILITY.md's runs (2026-11-30) except where the comment says "guess" (racecheck
-# about 3-4x memcheck, as where both were measured). --plan packs calls with these.
+# Measured in RELIABILITY.md's runs (2026-11-30) except where the comment says "guess"; "sum" is
+# the sum of one-test-group runs made four or five at once on one GPU (08:04 and 08:14 UTC), an
+# upper bound of one run alone. --plan packs calls with these; a binary above a call's length
+# (gpu_gdn, gpu_step under racecheck) needs --filter to split it, as RELIABILITY.md's runs did.
 durations() {
   cat <<'TABLE'
 step-once       5    14    2
@@ -139,16 +141,16 @@ gpu_lm_head    34    82    -
 gpu_mix        10    17    -
 gpu_overlap     1     1    -
 gpu_ple        19    62    -
-gpu_qsa        14    60    -    racecheck a guess
+gpu_qsa        14   320    -    racecheck: 96 s for three tests, 224 s for the graph-replay test
 gpu_qsa_layer  23    90    -    racecheck a guess
 gpu_synthetic   1    10    -    racecheck a guess
-gpu_sample      5    60    -    racecheck a guess
-gpu_step        8   300    -    racecheck a guess: 280 s did not finish it (the stall before the fix)
-gpu_gdn        34   120    -    racecheck a guess
-gpu_moe        95   330    -    racecheck a guess
+gpu_sample      5   260    -    racecheck: 179 s for the published vocabulary, the rest a guess
+gpu_step      900  2260    -    sum (memcheck: three golden tests cut at 545 s, the fourth 236 s)
+gpu_gdn        34  1150    -    racecheck a sum (the NVFP4 tile sweep 430 s alone)
+gpu_moe        95   165    -    racecheck a sum
 gpu_helpers     2    10    -    racecheck a guess
 gpu_kernels    21    80    -    racecheck a guess
-decode          5    40    -    racecheck a guess (tools--test--decode)
+decode          5   170    -    racecheck (tools--test--decode)
 TABLE
 }
 unknown_s=(60 240 60) # a binary the table lacks: memcheck, racecheck, initcheck
