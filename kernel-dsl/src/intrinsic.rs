@@ -75,6 +75,20 @@ pub enum Intrinsic {
     /// Eight activations (two `f32x4`, already divided by their scale) as f16 pairs in the order
     /// this architecture's E2M1 decode produces them.
     StageE2m1x8,
+    /// Eight E2M1 values (a `u32`, element 0 in the low nibble) as four f16 pairs (`u32x4`) in the
+    /// order this architecture's decode produces them, the order `stage_e2m1_x8` stages
+    /// activations in: on sm_90 (v0, v4), (v1, v5), (v2, v6), (v3, v7), each the value times 2^-14
+    /// (`stage_e2m1_x8` multiplies the activations by 2^14); on sm_121a (v0, v1), ... (v6, v7),
+    /// exact.
+    E2m1x8ToF16x8,
+    /// `mma_f16_16x8x16(a, b, c)`: one warp's D = A·B + C on the tensor cores (sm_80 and later),
+    /// A 16 × 16 f16 (`u32x4` a thread: two f16 a word), B 16 × 8 f16 (`u32x2`), C and D 16 × 8 f32
+    /// (`f32x4`), in the fragment layout of PTX's `mma.m16n8k16`: lane l holds rows l/4 and l/4 + 8,
+    /// A's columns 2(l%4), 2(l%4) + 1 (`.x` the first row, `.y` the second) and 8 + 2(l%4),
+    /// 9 + 2(l%4) (`.z`, `.w`), B's rows likewise in column l/4, and C's columns 2(l%4), 2(l%4) + 1
+    /// (`.x`, `.y` the first row, `.z`, `.w` the second). Products of f16 values are exact in the
+    /// f32 sums.
+    MmaF16,
     /// A vector from its lanes: `u32x4(a, b, c, d)`.
     Make(Vector),
     // Memory.
@@ -159,6 +173,8 @@ impl Intrinsic {
             "e2m1x4_to_f32x4" => plain(Intrinsic::E2m1x4ToF32x4),
             "dot_e2m1x16" => plain(Intrinsic::DotE2m1x16),
             "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
+            "e2m1x8_to_f16x8" => plain(Intrinsic::E2m1x8ToF16x8),
+            "mma_f16_16x8x16" => plain(Intrinsic::MmaF16),
             "atomic_max" => plain(Intrinsic::AtomicMax),
             "load_vec" => vector().map(Intrinsic::LoadVec),
             "load_stream" => vector().map(Intrinsic::LoadStream),
@@ -380,6 +396,19 @@ impl Intrinsic {
                 want(1, v)?;
                 sig(vec![v, v], Type::Vector(Vector::U32x4))
             }
+            I::E2m1x8ToF16x8 => {
+                arity(1)?;
+                want(0, u32)?;
+                sig(vec![u32], Type::Vector(Vector::U32x4))
+            }
+            I::MmaF16 => {
+                arity(3)?;
+                let (a, b, c) = (Type::Vector(Vector::U32x4), Type::Vector(Vector::U32x2), Type::Vector(Vector::F32x4));
+                want(0, a)?;
+                want(1, b)?;
+                want(2, c)?;
+                sig(vec![a, b, c], c)
+            }
             I::Make(v) => {
                 let lane = Type::Scalar(v.lane());
                 arity(usize::from(v.lanes()))?;
@@ -476,6 +505,8 @@ impl Intrinsic {
             I::E2m1x4ToF32x4 => &[Helper::E2m1x4ToFloat4],
             I::DotE2m1x16 => &[Helper::DotE2m1x16],
             I::StageE2m1x8 => &[Helper::StageE2m1x8],
+            I::E2m1x8ToF16x8 => &[Helper::E2m1x8ToF16x8],
+            I::MmaF16 => &[Helper::MmaF16],
             I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
             I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],
             I::LoadCg => &[Helper::LdCg],

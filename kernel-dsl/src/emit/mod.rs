@@ -648,6 +648,8 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::E2m1x4ToF32x4 => join("e2m1x4_to_float4"),
         I::DotE2m1x16 => join("dot_e2m1x16"),
         I::StageE2m1x8 => join("stage_e2m1_x8"),
+        I::E2m1x8ToF16x8 => join("e2m1x8_to_f16x8"),
+        I::MmaF16 => join("mma_f16_16x8x16"),
         I::LoadStream(v) => {
             // Typing admits only the u32 forms: the loads move raw bits.
             let f = if v.lanes() == 4 { "ld_stream_u32x4" } else { "ld_stream_u32x2" };

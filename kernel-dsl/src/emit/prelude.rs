@@ -26,6 +26,8 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "e2m1x8_to_f16x2",
     "dot_e2m1x16",
     "stage_e2m1_x8",
+    "e2m1x8_to_f16x8",
+    "mma_f16_16x8x16",
     "warp_sum",
     "warp_max",
     "block_sum",
@@ -63,6 +65,8 @@ pub enum Helper {
     E2m1x8ToF16x2,
     DotE2m1x16,
     StageE2m1x8,
+    E2m1x8ToF16x8,
+    MmaF16,
     WarpSum,
     WarpMax,
     BlockSum,
@@ -92,6 +96,7 @@ impl Helper {
             H::DotBf16x4 | H::DotBf16x8 => &[H::Bf16x2ToFloat2],
             H::DotE2m1x16 => &[H::Hfma2, H::E2m1x8ToF16x2, H::F16x2ToFloat2],
             H::StageE2m1x8 => &[H::PackF16x2],
+            H::E2m1x8ToF16x8 => &[H::E2m1x8ToF16x2],
             H::BlockSum => &[H::WarpSum],
             H::BlockMax => &[H::WarpMax],
             H::Silu => &[H::Sigmoid],
@@ -312,6 +317,25 @@ impl Helper {
                  \x20   return make_uint4(\n\
                  \x20       pack_f16x2(lo.x * s, hi.x * s), pack_f16x2(lo.y * s, hi.y * s),\n\
                  \x20       pack_f16x2(lo.z * s, hi.z * s), pack_f16x2(lo.w * s, hi.w * s));\n\
+                 }\n"
+            }
+            H::E2m1x8ToF16x8 => {
+                "// e2m1x8_to_f16x2's four pairs as one vector, for the tensor-core products.\n\
+                 __device__ __forceinline__ uint4 e2m1x8_to_f16x8(unsigned w) {\n\
+                 \x20   uint4 p;\n\
+                 \x20   e2m1x8_to_f16x2(w, p.x, p.y, p.z, p.w);\n\
+                 \x20   return p;\n\
+                 }\n"
+            }
+            H::MmaF16 => {
+                "// One warp's D = A·B + C: A 16 x 16 and B 16 x 8 in f16, C and D in f32, on the tensor\n\
+                 // cores (sm_80 and later), fragments as PTX's mma.m16n8k16 lays them out.\n\
+                 __device__ __forceinline__ float4 mma_f16_16x8x16(uint4 a, uint2 b, float4 c) {\n\
+                 \x20   float4 d;\n\
+                 \x20   asm(\"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\"\n\
+                 \x20       : \"=f\"(d.x), \"=f\"(d.y), \"=f\"(d.z), \"=f\"(d.w)\n\
+                 \x20       : \"r\"(a.x), \"r\"(a.y), \"r\"(a.z), \"r\"(a.w), \"r\"(b.x), \"r\"(b.y), \"f\"(c.x), \"f\"(c.y), \"f\"(c.z), \"f\"(c.w));\n\
+                 \x20   return d;\n\
                  }\n"
             }
             H::WarpSum => {

@@ -126,15 +126,32 @@ pub fn gdn_in_proj_bf16(
 /// the MoE's NVFP4 kernels would not meet. Each warp owns ROWS rows; per step a lane streams 16
 /// FP4 values (8 bytes) of each, decodes them to f32, sums the 16 products and scales the sum by
 /// the block's e4m3 scale.
+///
+/// MMA = 1 (with ROWS = 16: a warp owns 16 rows) takes the products to the tensor cores, at the
+/// same accuracy: f16 operands and f32 sums (`mma.m16n8k16`). x is staged as f16 with a
+/// power-of-two scale per 128-value segment (exact for bf16 x down to 2^-14 of the segment's
+/// largest value), the weights are decoded to f16 pairs (exact), so every product is exact and
+/// only the f32 sums round, as in the f32 path; but a weight costs about 1.4 instructions to
+/// decode instead of about 5 to decode and multiply in f32. Lane l streams 16 bytes (32 values,
+/// two block scales) of rows l/4 and l/4 + 8 per segment; in each product the four lanes of a row
+/// hold four different 16-value blocks, so B holds lane q's x in column 2q alone (zeros elsewhere)
+/// and C's column 2q is exactly lane q's block sum, which it scales by its block scale.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(conv_dim + z_dim + 2 * heads, WARPS * ROWS),
-    require((conv_dim + z_dim + 2 * heads) % ROWS == 0, hidden % (32 * 16) == 0, hidden <= 4096),
+    require(
+        MMA == 1 || (conv_dim + z_dim + 2 * heads) % ROWS == 0,
+        MMA == 0 || ROWS == 16,
+        MMA == 1 || ROWS <= 4,
+        hidden % (32 * 16) == 0,
+        hidden <= 4096,
+    ),
 )]
 pub fn gdn_in_proj_nvfp4(
-    #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
+    #[tile(default = 2, candidates = [1, 2, 4, 16])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 2, candidates = [1, 2])] UNROLL: u32,
+    #[tile(default = 0, candidates = [0, 1])] MMA: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
     scale2: &[f32],
@@ -152,16 +169,113 @@ pub fn gdn_in_proj_nvfp4(
     // Overlaps its predecessor (x is its output), and lets the state update start early.
     grid_dependency_wait();
     launch_dependents();
-    let xs = shared::<f32, 4096>();
-    for i in (thread_idx()..hidden).step_by(32 * WARPS) {
-        xs[i] = x[i] as f32;
+    // Each path sizes only its own staging (the other's is one element), so that the f32 path
+    // keeps its occupancy. f32 path: x as f32. MMA: x as f16 pairs, [segment][word j][lane q] four
+    // words each (the values of lane q's word j, in the decode's order), and each segment's scale
+    // back.
+    let xs = shared::<f32, { 4096 - 4095 * MMA }>();
+    let xh = shared::<u32, { 1 + 2047 * MMA }>();
+    let xsc = shared::<f32, { 1 + 31 * MMA }>();
+    if MMA == 1 {
+        // Eight values a thread; a segment's 16 threads are one half of a warp (hidden / 8 is a
+        // multiple of 64), whose lanes all take part in the shuffles.
+        let n = hidden / 8;
+        for base in (0..n).step_by(32 * WARPS) {
+            let i = base + thread_idx();
+            let valid = i < n;
+            let v = load_vec::<u32x4>(x, (if valid { i } else { 0 }) * 8);
+            let (a, b, c, d) = (bf16x2_to_f32x2(v.x), bf16x2_to_f32x2(v.y), bf16x2_to_f32x2(v.z), bf16x2_to_f32x2(v.w));
+            let mut m = max(
+                max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
+                max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
+            );
+            m = max(m, shfl_xor(m, 8));
+            m = max(m, shfl_xor(m, 4));
+            m = max(m, shfl_xor(m, 2));
+            m = max(m, shfl_xor(m, 1));
+            // The power of two that puts the largest |x| in [1, 2): its exponent field e.
+            let e = min(max((m.to_bits() >> 23) & 255, 1), 253);
+            let up = f32_from_bits((254 - e) << 23);
+            let staged = stage_e2m1_x8(
+                f32x4(a.x * up, a.y * up, b.x * up, b.y * up),
+                f32x4(c.x * up, c.y * up, d.x * up, d.y * up),
+            );
+            if valid {
+                // Thread i's values are word j = i % 4 of lane q = (i % 16) / 4, segment i / 16.
+                let w = i % 16;
+                store_vec(xh, (((i / 16) * 4 + w % 4) * 4 + w / 4) * 4, staged);
+                if w == 0 {
+                    xsc[i / 16] = f32_from_bits(e << 23);
+                }
+            }
+        }
+    } else {
+        for i in (thread_idx()..hidden).step_by(32 * WARPS) {
+            xs[i] = x[i] as f32;
+        }
     }
     sync_threads();
 
     let rows = conv_dim + z_dim + 2 * heads;
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
-    if row0 < rows {
-        let mut acc = [0.0; ROWS];
+    // MMA: rows g and g + 8 of the warp's 16, lane q of the row's four.
+    let (g, q) = (lane_id() / 4, lane_id() % 4);
+    let mut acc = [0.0; ROWS];
+    if MMA == 1 && row0 < rows {
+        // Rows g and g + 8 of the warp's 16; lane q of the row's four. Rows past the end read the
+        // last row and write nothing.
+        let (l0, l1) = (min(row0 + g, rows - 1), min(row0 + g + 8, rows - 1));
+        // Lane (q, g) holds B's column g: x of lane q's values when g = 2q, zeros otherwise.
+        let own = g == 2 * q;
+        let zero = u32x2(0, 0);
+        let mut acc0 = 0.0;
+        let mut acc1 = 0.0;
+        #[unroll(UNROLL)]
+        for seg in 0..hidden / 128 {
+            let col = seg * 128 + 32 * q;
+            let wa = load_stream::<u32x4>(packed, l0 * (hidden / 2) + col / 2);
+            let wb = load_stream::<u32x4>(packed, l1 * (hidden / 2) + col / 2);
+            let sa0 = scales[l0 * (hidden / 16) + col / 16] as f32;
+            let sa1 = scales[l0 * (hidden / 16) + col / 16 + 1] as f32;
+            let sb0 = scales[l1 * (hidden / 16) + col / 16] as f32;
+            let sb1 = scales[l1 * (hidden / 16) + col / 16 + 1] as f32;
+            // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3, two of them a product.
+            let at = (seg * 16 + q) * 4;
+            // Words 0 and 1 of the lane's 16 bytes are its first block (c), 2 and 3 its second (d).
+            let (p, r) = (e2m1x8_to_f16x8(wa.x), e2m1x8_to_f16x8(wb.x));
+            let x0 = if own { load_vec::<u32x2>(xh, at) } else { zero };
+            let x1 = if own { load_vec::<u32x2>(xh, at + 2) } else { zero };
+            let mut c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
+            c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
+            let (p, r) = (e2m1x8_to_f16x8(wa.y), e2m1x8_to_f16x8(wb.y));
+            let x0 = if own { load_vec::<u32x2>(xh, at + 16) } else { zero };
+            let x1 = if own { load_vec::<u32x2>(xh, at + 18) } else { zero };
+            c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, c);
+            c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
+            let (p, r) = (e2m1x8_to_f16x8(wa.z), e2m1x8_to_f16x8(wb.z));
+            let x0 = if own { load_vec::<u32x2>(xh, at + 32) } else { zero };
+            let x1 = if own { load_vec::<u32x2>(xh, at + 34) } else { zero };
+            let mut d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
+            d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
+            let (p, r) = (e2m1x8_to_f16x8(wa.w), e2m1x8_to_f16x8(wb.w));
+            let x0 = if own { load_vec::<u32x2>(xh, at + 48) } else { zero };
+            let x1 = if own { load_vec::<u32x2>(xh, at + 50) } else { zero };
+            d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, d);
+            d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
+            // Column 2q (.x, .z) is this lane's block; the segment's scale undoes x's.
+            let down = xsc[seg];
+            acc0 += (c.x * sa0 + d.x * sa1) * down;
+            acc1 += (c.z * sb0 + d.z * sb1) * down;
+        }
+        // Each row's sum over its four lanes.
+        acc0 += shfl_xor(acc0, 1);
+        acc0 += shfl_xor(acc0, 2);
+        acc1 += shfl_xor(acc1, 1);
+        acc1 += shfl_xor(acc1, 2);
+        acc[0] = acc0;
+        acc[1] = acc1;
+    }
+    if MMA == 0 && row0 < rows {
         #[unroll(UNROLL)]
         for c in (lane_id() * 16..hidden).step_by(32 * 16) {
             let x0 = load_vec::<f32x4>(xs, c);
@@ -199,10 +313,14 @@ pub fn gdn_in_proj_nvfp4(
         for r in 0..ROWS {
             acc[r] = warp_sum(acc[r]);
         }
-        if lane_id() == 0 {
-            #[unroll]
-            for r in 0..ROWS {
-                let row = row0 + r;
+    }
+    // The epilogue: lane 0 takes the warp's ROWS rows; with MMA, lane 4g takes rows g and g + 8.
+    let owner = if MMA == 1 { q == 0 } else { lane_id() == 0 };
+    if row0 < rows && owner {
+        #[unroll]
+        for r in 0..ROWS {
+            let row = if MMA == 1 { row0 + g + 8 * r } else { row0 + r };
+            if (MMA == 0 || r < 2) && row < rows {
                 if row < conv_dim {
                     let u = acc[r] * scale2[0];
                     let h0 = conv_hist[row];
