@@ -16,8 +16,9 @@
 // same accuracy: f16 operands and f32 sums (`mma.m16n8k16`). x is staged as f16 with a
 // power-of-two scale per 128-value segment (exact for bf16 x down to 2^-14 of the segment's
 // largest value), the weights are decoded to f16 pairs (exact), so every product is exact and
-// only the f32 sums round, as in the f32 path; but a weight costs about 1.4 instructions to
-// decode instead of about 5 to decode and multiply in f32. Lane l streams 16 bytes (32 values,
+// only the f32 sums round, as in the f32 path; but the loop issues about 2.8 instructions a
+// weight instead of 3.7 (sm_90 SASS: the decode's shifts and masks are most of both), and a lane
+// has twice the bytes in flight. Lane l streams 16 bytes (32 values,
 // two block scales) of rows l/4 and l/4 + 8 per segment; in each product the four lanes of a row
 // hold four different 16-value blocks, so B holds lane q's x in column 2q alone (zeros elsewhere)
 // and C's column 2q is exactly lane q's block sum, which it scales by its block scale.
