@@ -166,17 +166,17 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
             const unsigned row_1 = row0 + r;
             if (row_1 < rows) {
                 if (row_1 < conv_dim) {
-                    const float u = acc[r] * scale2[0u];
+                    const float u_1 = acc[r] * scale2[0u];
                     const float h0 = conv_hist[row_1];
                     const float h1 = conv_hist[conv_dim + row_1];
                     const float h2 = conv_hist[2u * conv_dim + row_1];
-                    float s_1 = bf16_to_f32(conv_w[4u * row_1 + 3u]) * u;
+                    float s_1 = bf16_to_f32(conv_w[4u * row_1 + 3u]) * u_1;
                     s_1 += bf16_to_f32(conv_w[4u * row_1]) * h0;
                     s_1 += bf16_to_f32(conv_w[4u * row_1 + 1u]) * h1;
                     s_1 += bf16_to_f32(conv_w[4u * row_1 + 2u]) * h2;
                     conv_hist[row_1] = h1;
                     conv_hist[conv_dim + row_1] = h2;
-                    conv_hist[2u * conv_dim + row_1] = u;
+                    conv_hist[2u * conv_dim + row_1] = u_1;
                     proj[row_1] = silu(s_1);
                 } else if (row_1 < conv_dim + z_dim) {
                     proj[row_1] = acc[r] * scale2[1u];

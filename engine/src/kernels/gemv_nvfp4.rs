@@ -26,6 +26,14 @@ use kernel_macros::kernel;
 /// tile to arrive (a counter per tile in `counters` [grid.x], zero before the first launch) adds
 /// the partials in split order, writes y and puts the counter back to zero: deterministic, and
 /// graph replays find the counters as the first launch did.
+///
+/// MMA = 1 (LANES must be 2, so that a warp owns 16 rows) takes the products to the tensor cores,
+/// as `gdn_in_proj_nvfp4`'s MMA path does: x staged as f16 pairs with a power-of-two scale per
+/// 128-value segment (exact for bf16 x), the weights decoded to f16 pairs, `mma.m16n8k16` with
+/// f32 sums over a warp's 16 rows. Lane l streams 16 bytes (32 values, two block scales) of rows
+/// l/4 and l/4 + 8 per segment; B holds lane q's x in column 2q alone, so C's column 2q is lane
+/// q's block sum, which it scales by its block scale. The f16x2 dot path issues about 4.2
+/// instructions a weight on sm_90 (SASS of the default tiles), this one about 2.8.
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rows, 32 * WARPS / LANES), K_SPLIT),
@@ -36,13 +44,16 @@ use kernel_macros::kernel;
         seg1 <= seg2,
         seg2 <= seg3,
         seg3 <= rows,
+        MMA == 0 || (LANES == 2 && cols % (K_SPLIT * 128 * UNROLL) == 0),
+        MMA == 1 || LANES >= 8,
     ),
 )]
 pub fn gemv_nvfp4(
-    #[tile(default = 16, candidates = [8, 16, 32])] LANES: u32,
+    #[tile(default = 16, candidates = [2, 8, 16, 32])] LANES: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 1, candidates = [1, 2, 4, 8])] K_SPLIT: u32,
     #[tile(default = 4, candidates = [1, 2, 4])] UNROLL: u32,
+    #[tile(default = 0, candidates = [0, 1])] MMA: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
     scale2: &[f32],
@@ -62,48 +73,181 @@ pub fn gemv_nvfp4(
 
     // The block's slice of x: eight words (eight f16 pairs) per 16-value chunk, divided by the
     // chunk's largest magnitude so that the f16 products cannot overflow, and that magnitude.
+    // MMA: [segment][word j][lane q] four words each (the f16 pairs of lane q's word j in the
+    // decode's order), and each segment's scale back.
     let xs = shared::<u32, 4096>();
     let xsc = shared::<f32, 512>();
-    for chunk in (thread_idx()..k_len / 16).step_by(32 * WARPS) {
-        let lo = load_vec::<u32x4>(x, k_begin + chunk * 16);
-        let hi = load_vec::<u32x4>(x, k_begin + chunk * 16 + 8);
-        let (a, b, c, d) = (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
-        let (f, g, h, i) = (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
-        let m0 = max(
-            max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
-            max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
-        );
-        let m1 = max(
-            max(max(abs(f.x), abs(f.y)), max(abs(g.x), abs(g.y))),
-            max(max(abs(h.x), abs(h.y)), max(abs(i.x), abs(i.y))),
-        );
-        let m = max(m0, m1);
-        let inv = if m > 0.0 { 1.0 / m } else { 0.0 };
-        let s0 = stage_e2m1_x8(
-            f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
-            f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv),
-        );
-        let s1 = stage_e2m1_x8(
-            f32x4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
-            f32x4(h.x * inv, h.y * inv, i.x * inv, i.y * inv),
-        );
-        xs[chunk * 8] = s0.x;
-        xs[chunk * 8 + 1] = s0.y;
-        xs[chunk * 8 + 2] = s0.z;
-        xs[chunk * 8 + 3] = s0.w;
-        xs[chunk * 8 + 4] = s1.x;
-        xs[chunk * 8 + 5] = s1.y;
-        xs[chunk * 8 + 6] = s1.z;
-        xs[chunk * 8 + 7] = s1.w;
-        xsc[chunk] = m;
+    if MMA == 1 {
+        // Eight values a thread; a segment's 16 threads are one half of a warp (k_len / 8 is a
+        // multiple of 16, the stride of 32), whose lanes all take part in the shuffles.
+        let n = k_len / 8;
+        for base in (0..n).step_by(32 * WARPS) {
+            let i = base + thread_idx();
+            let valid = i < n;
+            let v = load_vec::<u32x4>(x, k_begin + (if valid { i } else { 0 }) * 8);
+            let (a, b, c, d) = (bf16x2_to_f32x2(v.x), bf16x2_to_f32x2(v.y), bf16x2_to_f32x2(v.z), bf16x2_to_f32x2(v.w));
+            let mut m = max(
+                max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
+                max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
+            );
+            m = max(m, shfl_xor(m, 8));
+            m = max(m, shfl_xor(m, 4));
+            m = max(m, shfl_xor(m, 2));
+            m = max(m, shfl_xor(m, 1));
+            // The power of two that puts the largest |x| in [1, 2): its exponent field e.
+            let e = min(max((m.to_bits() >> 23) & 255, 1), 253);
+            let up = f32_from_bits((254 - e) << 23);
+            let staged = stage_e2m1_x8(
+                f32x4(a.x * up, a.y * up, b.x * up, b.y * up),
+                f32x4(c.x * up, c.y * up, d.x * up, d.y * up),
+            );
+            if valid {
+                // Thread i's values are word j = i % 4 of lane q = (i % 16) / 4, segment i / 16.
+                let w = i % 16;
+                store_vec(xs, (((i / 16) * 4 + w % 4) * 4 + w / 4) * 4, staged);
+                if w == 0 {
+                    xsc[i / 16] = f32_from_bits(e << 23);
+                }
+            }
+        }
+    }
+    if MMA == 0 {
+        for chunk in (thread_idx()..k_len / 16).step_by(32 * WARPS) {
+            let lo = load_vec::<u32x4>(x, k_begin + chunk * 16);
+            let hi = load_vec::<u32x4>(x, k_begin + chunk * 16 + 8);
+            let (a, b, c, d) =
+                (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
+            let (f, g, h, i) =
+                (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
+            let m0 = max(
+                max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
+                max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
+            );
+            let m1 = max(
+                max(max(abs(f.x), abs(f.y)), max(abs(g.x), abs(g.y))),
+                max(max(abs(h.x), abs(h.y)), max(abs(i.x), abs(i.y))),
+            );
+            let m = max(m0, m1);
+            let inv = if m > 0.0 { 1.0 / m } else { 0.0 };
+            let s0 = stage_e2m1_x8(
+                f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
+                f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv),
+            );
+            let s1 = stage_e2m1_x8(
+                f32x4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
+                f32x4(h.x * inv, h.y * inv, i.x * inv, i.y * inv),
+            );
+            xs[chunk * 8] = s0.x;
+            xs[chunk * 8 + 1] = s0.y;
+            xs[chunk * 8 + 2] = s0.z;
+            xs[chunk * 8 + 3] = s0.w;
+            xs[chunk * 8 + 4] = s1.x;
+            xs[chunk * 8 + 5] = s1.y;
+            xs[chunk * 8 + 6] = s1.z;
+            xs[chunk * 8 + 7] = s1.w;
+            xsc[chunk] = m;
+        }
     }
     sync_threads();
 
     let lane = lane_id() % LANES;
     let groups = 32 * WARPS / LANES;
+    if MMA == 1 {
+        // Rows g and g + 8 of the warp's 16; lane q of the row's four. Rows past the end read the
+        // last row and write nothing.
+        let (g, q) = (lane_id() / 4, lane_id() % 4);
+        let r0 = (block_idx() * WARPS + warp_id()) * 16 + g;
+        let r1 = r0 + 8;
+        let (l0, l1) = (min(r0, rows - 1), min(r1, rows - 1));
+        // Lane (q, g) holds B's column g: x of lane q's values when g = 2q, zeros otherwise.
+        let own = g == 2 * q;
+        let zero = u32x2(0, 0);
+        let mut acc0 = 0.0;
+        let mut acc1 = 0.0;
+        // UNROLL segments a step with no exit test between them (the segment count is a multiple
+        // of UNROLL), so their loads can all be in flight before the first product.
+        for s0 in (0..k_len / 128).step_by(UNROLL) {
+            // Every load of the step first, then the products.
+            let mut wa_u = [u32x4(0, 0, 0, 0); UNROLL];
+            let mut wb_u = [u32x4(0, 0, 0, 0); UNROLL];
+            let mut sc_u = [0.0; 4 * UNROLL];
+            #[unroll]
+            for u in 0..UNROLL {
+                let col = k_begin + (s0 + u) * 128 + 32 * q;
+                wa_u[u] = load_stream::<u32x4>(packed, l0 * (cols / 2) + col / 2);
+                wb_u[u] = load_stream::<u32x4>(packed, l1 * (cols / 2) + col / 2);
+                sc_u[4 * u] = scales[l0 * (cols / 16) + col / 16] as f32;
+                sc_u[4 * u + 1] = scales[l0 * (cols / 16) + col / 16 + 1] as f32;
+                sc_u[4 * u + 2] = scales[l1 * (cols / 16) + col / 16] as f32;
+                sc_u[4 * u + 3] = scales[l1 * (cols / 16) + col / 16 + 1] as f32;
+            }
+            #[unroll]
+            for u in 0..UNROLL {
+                let seg = s0 + u;
+                let (wa, wb) = (wa_u[u], wb_u[u]);
+                let (sa0, sa1, sb0, sb1) = (sc_u[4 * u], sc_u[4 * u + 1], sc_u[4 * u + 2], sc_u[4 * u + 3]);
+                // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3, two of them a product.
+                let at = (seg * 16 + q) * 4;
+                // Words 0 and 1 of the lane's 16 bytes are its first block (c), 2 and 3 its second (d).
+                let (p, r) = (e2m1x8_to_f16x8(wa.x), e2m1x8_to_f16x8(wb.x));
+                let x0 = if own { load_vec::<u32x2>(xs, at) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xs, at + 2) } else { zero };
+                let mut c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
+                c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
+                let (p, r) = (e2m1x8_to_f16x8(wa.y), e2m1x8_to_f16x8(wb.y));
+                let x0 = if own { load_vec::<u32x2>(xs, at + 16) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xs, at + 18) } else { zero };
+                c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, c);
+                c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
+                let (p, r) = (e2m1x8_to_f16x8(wa.z), e2m1x8_to_f16x8(wb.z));
+                let x0 = if own { load_vec::<u32x2>(xs, at + 32) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xs, at + 34) } else { zero };
+                let mut d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
+                d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
+                let (p, r) = (e2m1x8_to_f16x8(wa.w), e2m1x8_to_f16x8(wb.w));
+                let x0 = if own { load_vec::<u32x2>(xs, at + 48) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xs, at + 50) } else { zero };
+                d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, d);
+                d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
+                // Column 2q (.x, .z) is this lane's block; the segment's scale undoes x's.
+                let down = xsc[seg];
+                acc0 += (c.x * sa0 + d.x * sa1) * down;
+                acc1 += (c.z * sb0 + d.z * sb1) * down;
+            }
+        }
+        // Each row's sum over its four lanes, then its matrix's global scale.
+        acc0 += shfl_xor(acc0, 1);
+        acc0 += shfl_xor(acc0, 2);
+        acc1 += shfl_xor(acc1, 1);
+        acc1 += shfl_xor(acc1, 2);
+        if q == 0 {
+            #[unroll]
+            for k in 0..2 {
+                let r = r0 + 8 * k;
+                if r < rows {
+                    let m = if r < seg1 {
+                        0
+                    } else if r < seg2 {
+                        1
+                    } else if r < seg3 {
+                        2
+                    } else {
+                        3
+                    };
+                    let v = (if k == 0 { acc0 } else { acc1 }) * scale2[m];
+                    if K_SPLIT == 1 {
+                        y[r] = v as bf16;
+                    } else {
+                        partial[split * rows + r] = v;
+                    }
+                }
+            }
+        }
+    }
     let row = block_idx() * groups + thread_idx() / LANES;
-    // A group past the last row sums nothing but still takes part in the warp's shuffles.
-    let active = row < rows;
+    // A group past the last row sums nothing but still takes part in the warp's shuffles (with
+    // MMA every row is written above).
+    let active = row < rows && MMA == 0;
     let mut acc = 0.0;
     if active {
         #[unroll(UNROLL)]

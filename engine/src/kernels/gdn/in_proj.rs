@@ -142,7 +142,7 @@ pub fn gdn_in_proj_bf16(
     grid = div_ceil(conv_dim + z_dim + 2 * heads, WARPS * ROWS),
     require(
         MMA == 1 || (conv_dim + z_dim + 2 * heads) % ROWS == 0,
-        MMA == 0 || ROWS == 16,
+        MMA == 0 || (ROWS == 16 && hidden % (128 * UNROLL) == 0),
         MMA == 1 || ROWS <= 4,
         hidden % (32 * 16) == 0,
         hidden <= 4096,
@@ -231,42 +231,56 @@ pub fn gdn_in_proj_nvfp4(
         let zero = u32x2(0, 0);
         let mut acc0 = 0.0;
         let mut acc1 = 0.0;
-        #[unroll(UNROLL)]
-        for seg in 0..hidden / 128 {
-            let col = seg * 128 + 32 * q;
-            let wa = load_stream::<u32x4>(packed, l0 * (hidden / 2) + col / 2);
-            let wb = load_stream::<u32x4>(packed, l1 * (hidden / 2) + col / 2);
-            let sa0 = scales[l0 * (hidden / 16) + col / 16] as f32;
-            let sa1 = scales[l0 * (hidden / 16) + col / 16 + 1] as f32;
-            let sb0 = scales[l1 * (hidden / 16) + col / 16] as f32;
-            let sb1 = scales[l1 * (hidden / 16) + col / 16 + 1] as f32;
-            // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3, two of them a product.
-            let at = (seg * 16 + q) * 4;
-            // Words 0 and 1 of the lane's 16 bytes are its first block (c), 2 and 3 its second (d).
-            let (p, r) = (e2m1x8_to_f16x8(wa.x), e2m1x8_to_f16x8(wb.x));
-            let x0 = if own { load_vec::<u32x2>(xh, at) } else { zero };
-            let x1 = if own { load_vec::<u32x2>(xh, at + 2) } else { zero };
-            let mut c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
-            c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
-            let (p, r) = (e2m1x8_to_f16x8(wa.y), e2m1x8_to_f16x8(wb.y));
-            let x0 = if own { load_vec::<u32x2>(xh, at + 16) } else { zero };
-            let x1 = if own { load_vec::<u32x2>(xh, at + 18) } else { zero };
-            c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, c);
-            c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
-            let (p, r) = (e2m1x8_to_f16x8(wa.z), e2m1x8_to_f16x8(wb.z));
-            let x0 = if own { load_vec::<u32x2>(xh, at + 32) } else { zero };
-            let x1 = if own { load_vec::<u32x2>(xh, at + 34) } else { zero };
-            let mut d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
-            d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
-            let (p, r) = (e2m1x8_to_f16x8(wa.w), e2m1x8_to_f16x8(wb.w));
-            let x0 = if own { load_vec::<u32x2>(xh, at + 48) } else { zero };
-            let x1 = if own { load_vec::<u32x2>(xh, at + 50) } else { zero };
-            d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, d);
-            d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
-            // Column 2q (.x, .z) is this lane's block; the segment's scale undoes x's.
-            let down = xsc[seg];
-            acc0 += (c.x * sa0 + d.x * sa1) * down;
-            acc1 += (c.z * sb0 + d.z * sb1) * down;
+        // UNROLL segments a step with no exit test between them (the segment count is a multiple
+        // of UNROLL), so their loads can all be in flight before the first product.
+        for s0 in (0..hidden / 128).step_by(UNROLL) {
+            // Every load of the step first, then the products.
+            let mut wa_u = [u32x4(0, 0, 0, 0); UNROLL];
+            let mut wb_u = [u32x4(0, 0, 0, 0); UNROLL];
+            let mut sc_u = [0.0; 4 * UNROLL];
+            #[unroll]
+            for u in 0..UNROLL {
+                let col = (s0 + u) * 128 + 32 * q;
+                wa_u[u] = load_stream::<u32x4>(packed, l0 * (hidden / 2) + col / 2);
+                wb_u[u] = load_stream::<u32x4>(packed, l1 * (hidden / 2) + col / 2);
+                sc_u[4 * u] = scales[l0 * (hidden / 16) + col / 16] as f32;
+                sc_u[4 * u + 1] = scales[l0 * (hidden / 16) + col / 16 + 1] as f32;
+                sc_u[4 * u + 2] = scales[l1 * (hidden / 16) + col / 16] as f32;
+                sc_u[4 * u + 3] = scales[l1 * (hidden / 16) + col / 16 + 1] as f32;
+            }
+            #[unroll]
+            for u in 0..UNROLL {
+                let seg = s0 + u;
+                let (wa, wb) = (wa_u[u], wb_u[u]);
+                let (sa0, sa1, sb0, sb1) = (sc_u[4 * u], sc_u[4 * u + 1], sc_u[4 * u + 2], sc_u[4 * u + 3]);
+                // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3, two of them a product.
+                let at = (seg * 16 + q) * 4;
+                // Words 0 and 1 of the lane's 16 bytes are its first block (c), 2 and 3 its second (d).
+                let (p, r) = (e2m1x8_to_f16x8(wa.x), e2m1x8_to_f16x8(wb.x));
+                let x0 = if own { load_vec::<u32x2>(xh, at) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xh, at + 2) } else { zero };
+                let mut c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
+                c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
+                let (p, r) = (e2m1x8_to_f16x8(wa.y), e2m1x8_to_f16x8(wb.y));
+                let x0 = if own { load_vec::<u32x2>(xh, at + 16) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xh, at + 18) } else { zero };
+                c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, c);
+                c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
+                let (p, r) = (e2m1x8_to_f16x8(wa.z), e2m1x8_to_f16x8(wb.z));
+                let x0 = if own { load_vec::<u32x2>(xh, at + 32) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xh, at + 34) } else { zero };
+                let mut d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
+                d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
+                let (p, r) = (e2m1x8_to_f16x8(wa.w), e2m1x8_to_f16x8(wb.w));
+                let x0 = if own { load_vec::<u32x2>(xh, at + 48) } else { zero };
+                let x1 = if own { load_vec::<u32x2>(xh, at + 50) } else { zero };
+                d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, d);
+                d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
+                // Column 2q (.x, .z) is this lane's block; the segment's scale undoes x's.
+                let down = xsc[seg];
+                acc0 += (c.x * sa0 + d.x * sa1) * down;
+                acc1 += (c.z * sb0 + d.z * sb1) * down;
+            }
         }
         // Each row's sum over its four lanes.
         acc0 += shfl_xor(acc0, 1);
