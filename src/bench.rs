@@ -3,6 +3,7 @@
 //! ([`Record`], through a [`Recorder`]), which `bench-report` renders into BENCHMARKS.md.
 
 use std::io::Write;
+use std::time::Duration;
 
 use engine::cuda::timing::EventTimer;
 use engine::cuda::{Gpu, Graph};
@@ -41,6 +42,21 @@ pub fn replay_times_with(
         .collect();
     v.sort_by(f64::total_cmp);
     (percentile(&v, 0.5), percentile(&v, 0.1), percentile(&v, 0.9))
+}
+
+/// The device time of `replays` replays of `g`, each between its own pair of events with `before`
+/// run ahead of it outside the timed span: for criterion's `iter_custom`, where the inputs must
+/// change between replays as they do in [`replay_times_with`].
+pub fn replays_duration_with(gpu: &Gpu, g: &Graph, replays: usize, mut before: impl FnMut()) -> Duration {
+    let t = EventTimer::new(gpu).expect("events");
+    (0..replays)
+        .map(|_| {
+            before();
+            t.start(gpu).expect("start");
+            g.launch().expect("replay");
+            t.stop(gpu).expect("stop")
+        })
+        .sum()
 }
 
 /// The H200's read bandwidth as GPU.md measured it: the reference every issue's target is a
