@@ -16,11 +16,13 @@ use tools::autotune::{self, Target};
 /// device, and writes the table the engine loads at start.
 ///
 /// Units: each layer family the step tunes (moe, mix, gdn, lm_head, qsa, ple) in NVFP4 and in
-/// bf16, at the shapes of `StepPlan` for the model (the published config by default). QSA's
-/// weights are bf16 in both plans (one unit), timed at the last position of caches of `--context`
-/// tokens (32,768 by default: 8,192 blocks, past the budget of 512, so the top-k selects; the
-/// top-k kernel is the one the plan takes at that context, and names the unit); PLE's format is its
-/// table rows', read from pinned host memory mapped for the device. Each knob (one kernel's tiles;
+/// bf16, at the shapes of `StepPlan` for the model (the published config by default), each
+/// matrix in the format the step runs it in: in NVFP4, GDN's out_proj and QSA's two projections
+/// are `gemv_nvfp4`, whose tiles are then the out_proj, in_proj and o_proj knobs. QSA is timed
+/// at the last position of caches of `--context` tokens (32,768 by default: 8,192 blocks, past
+/// the budget of 512, so the top-k selects; the top-k kernel is the one the plan takes at that
+/// context, and names the unit); PLE's format is its table rows', read from pinned host memory
+/// mapped for the device. Each knob (one kernel's tiles;
 /// the lm_head's waves) enumerates its declared tile sets; those the launch's shape checks refuse
 /// are pruned, the rest compiled through NVRTC in parallel (and the kernel cache), and pruned again
 /// on the cubin's resources: spills, shared memory past the device's limit, a block the SM's
@@ -157,7 +159,7 @@ fn run(a: Args) -> Result<(), String> {
             && step(format!("gdn {}", unit.format))
         {
             tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
-                autotune::harness::gdn(g, shape, formats.gdn_in_proj, tiles)
+                autotune::harness::gdn(g, shape, formats.gdn_in_proj, formats.gdn_out_proj, tiles)
             })?;
         }
         if let (Some(unit), Some((shape, tiles))) = (&u.qsa, plan.qsa)
@@ -165,7 +167,7 @@ fn run(a: Args) -> Result<(), String> {
             && step(format!("qsa {} {}", unit.format, unit.shape))
         {
             tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
-                autotune::harness::qsa(g, &cfg, shape, plan.capacity)
+                autotune::harness::qsa(g, &cfg, shape, plan.capacity, formats.qsa)
             })?;
         }
         if let (Some(unit), Some((shape, tiles))) = (&u.ple, plan.ple)
