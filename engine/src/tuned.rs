@@ -348,7 +348,10 @@ impl<S: Copy + 'static> Unit<S> {
                 .find(|c| c.knob == k.name)
                 .ok_or_else(|| format!("{what}: stale entry: it has no `{}` ({} now)", k.name, k.kernel))?;
             if c.kernel != k.kernel {
-                return Err(format!("{what}: stale entry: its `{}` is {}'s, the step runs {}", k.name, c.kernel, k.kernel));
+                return Err(format!(
+                    "{what}: stale entry: its `{}` is {}'s, the step runs {}",
+                    k.name, c.kernel, k.kernel
+                ));
             }
             let now = k.version(arch);
             if c.version != now {

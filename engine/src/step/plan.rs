@@ -199,9 +199,7 @@ impl StepPlan {
         PlanUnits {
             moe: tuned::moe_unit(self.moe, self.formats.experts),
             mix: tuned::mix_unit(self.mix, self.final_mix, self.formats.mix),
-            gdn: self
-                .gdn
-                .map(|(shape, _)| tuned::gdn_unit(shape, self.formats.gdn_in_proj, self.formats.gdn_out_proj)),
+            gdn: self.gdn.map(|(shape, _)| tuned::gdn_unit(shape, self.formats.gdn_in_proj, self.formats.gdn_out_proj)),
             qsa: self.qsa.map(|(shape, tiles)| {
                 tuned::qsa_unit(shape, self.capacity, matches!(tiles.top_k, TopK::Grid(_)), self.formats.qsa)
             }),
@@ -461,7 +459,9 @@ mod tests {
         let (fallback, notices) = plan.clone().tuned(&table, arch, 132);
         assert_eq!(fallback.gdn.map(|(_, t)| t), Some(gdn_tiles));
         assert!(
-            notices.iter().any(|n| n == "gdn nvfp4: stale entry: its `out_proj` is gemv_bf16's, the step runs gemv_nvfp4"),
+            notices
+                .iter()
+                .any(|n| n == "gdn nvfp4: stale entry: its `out_proj` is gemv_bf16's, the step runs gemv_nvfp4"),
             "{notices:?}"
         );
 
@@ -495,9 +495,10 @@ mod tests {
         }
     }
 
-    /// The committed H200 table, as the timed run left it (no QSA or PLE entries yet), is read and
-    /// taken where current: QSA and PLE keep the plan's tiles with a notice, as does any family
-    /// whose kernels changed since the run.
+    /// The committed H200 table, as the timed run left it, is read and taken where current: a
+    /// family without an entry (the mix; QSA with NVFP4 projections) keeps the plan's tiles with a
+    /// notice, as does any family whose kernels changed since the run or whose entry was tuned
+    /// with another kernel (GDN's NVFP4 entry of the bf16 out_proj).
     #[test]
     fn the_h200_table_is_accepted_as_it_is() {
         let path = tuned::default_dir().join("nvidia-h200.json");

@@ -472,7 +472,11 @@ mod tests {
         let names: Vec<_> = unit.knobs.iter().map(|k| (k.name, k.kernel)).collect();
         assert_eq!(
             names,
-            [("in_proj", "gdn_in_proj_nvfp4"), ("delta_rule_normed", "gdn_delta_rule_normed"), ("out_proj", "gemv_nvfp4")]
+            [
+                ("in_proj", "gdn_in_proj_nvfp4"),
+                ("delta_rule_normed", "gdn_delta_rule_normed"),
+                ("out_proj", "gemv_nvfp4")
+            ]
         );
         let bf16 = StepPlan::new(&cfg, Formats::BF16, 32_768).expect("plan").units(132).gdn.expect("gdn unit");
         assert_eq!(bf16.knobs[2].kernel, "gemv_bf16");
@@ -532,11 +536,13 @@ mod tests {
         let (_, start) = plan.qsa.expect("QSA");
         let unit = plan.units(132).qsa.expect("qsa unit");
         assert_eq!(unit.format, "nvfp4");
-        let gemvs: Vec<_> = unit.knobs.iter().filter(|k| k.kernel.starts_with("gemv_")).map(|k| (k.name, k.kernel)).collect();
+        let gemvs: Vec<_> =
+            unit.knobs.iter().filter(|k| k.kernel.starts_with("gemv_")).map(|k| (k.name, k.kernel)).collect();
         assert_eq!(gemvs, [("in_proj", "gemv_nvfp4"), ("o_proj", "gemv_nvfp4")]);
         let bf16 = StepPlan::new(&cfg, Formats::BF16, 32_768).expect("plan").units(132).qsa.expect("qsa unit");
         assert_eq!(bf16.format, "bf16");
-        let gemvs: Vec<_> = bf16.knobs.iter().filter(|k| k.kernel.starts_with("gemv_")).map(|k| (k.name, k.kernel)).collect();
+        let gemvs: Vec<_> =
+            bf16.knobs.iter().filter(|k| k.kernel.starts_with("gemv_")).map(|k| (k.name, k.kernel)).collect();
         assert_eq!(gemvs, [("in_proj", "gemv_bf16"), ("o_proj", "gemv_bf16")]);
 
         let in_best = gemv_nvfp4::Tiles { lanes: 32, warps: 8, k_split: 1, unroll: 2 };

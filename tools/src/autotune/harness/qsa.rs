@@ -103,7 +103,8 @@ fn upload_layer0(gpu: &Gpu, shape: QsaShape, host: &mut QsaWeights, nvfp4: bool)
     let q = |l: &Linear| Nvfp4Matrix::quantise(&l.w, l.rows, l.cols);
     let (wq, wk, wv, wi, wo) = (q(&host.q), q(&host.k), q(&host.v), q(&host.index_qk), q(&host.o));
     let layer = QsaWeightsOnDevice::upload(gpu, shape, host, Some(([&wq, &wk, &wv, &wi], &wo))).map_err(err)?;
-    for (l, m) in [(&mut host.q, &wq), (&mut host.k, &wk), (&mut host.v, &wv), (&mut host.index_qk, &wi), (&mut host.o, &wo)]
+    for (l, m) in
+        [(&mut host.q, &wq), (&mut host.k, &wk), (&mut host.v, &wv), (&mut host.index_qk, &wi), (&mut host.o, &wo)]
     {
         l.w = m.dequantise();
     }
@@ -112,13 +113,7 @@ fn upload_layer0(gpu: &Gpu, shape: QsaShape, host: &mut QsaWeights, nvfp4: bool)
 
 /// The QSA harness for caches of `capacity` tokens (the plan's), decoding at `capacity − 1`, the
 /// projections in NVFP4 where `nvfp4`.
-pub fn qsa<'g>(
-    gpu: &'g Gpu,
-    cfg: &ModelConfig,
-    shape: QsaShape,
-    capacity: usize,
-    nvfp4: bool,
-) -> Made<'g, QsaTiles> {
+pub fn qsa<'g>(gpu: &'g Gpu, cfg: &ModelConfig, shape: QsaShape, capacity: usize, nvfp4: bool) -> Made<'g, QsaTiles> {
     let mut rng = Rng::fresh();
     let ctx = QsaContext::new(gpu, shape, capacity).map_err(err)?;
     let position = ctx.capacity() - 1;
