@@ -11,8 +11,10 @@
 //! only whole: every knob's version current, every tile set among the kernel's declared ones, and
 //! the family's launches accepting the tiles at the plan's shapes. Otherwise the family keeps the
 //! plan's own tiles (the defaults, or the first candidate that fits) and one line on stderr says
-//! why. QSA's weights are bf16 in every format (one unit per top-k kernel); PLE's format is its
-//! table rows'.
+//! why (an entry that names another kernel for a knob, or lacks a knob the unit now has, is
+//! reported stale like one whose versions changed). GDN's format names its two matrices' formats
+//! ([`gdn_format`]); QSA's is its projections' (one unit per format and top-k kernel); PLE's is
+//! its table rows'.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
 use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
 use crate::kernels::gemv_bf16::gemv_bf16;
+use crate::kernels::gemv_nvfp4::gemv_nvfp4;
 use crate::kernels::lm_head::{lm_head_argmax_bf16, lm_head_argmax_nvfp4};
 use crate::kernels::mix::{mix_down_bf16, mix_down_nvfp4, mix_up_bf16, mix_up_nvfp4};
 use crate::kernels::moe::down::{moe_down_bf16, moe_down_nvfp4};
@@ -67,7 +70,7 @@ pub struct Table {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub family: String,
-    /// `nvfp4` or `bf16`.
+    /// `nvfp4` or `bf16` (GDN: see [`gdn_format`]).
     pub format: String,
     /// The shape the unit was tuned at (its `Debug` form).
     pub shape: String,
@@ -343,9 +346,15 @@ impl<S: Copy + 'static> Unit<S> {
                 .winner
                 .iter()
                 .find(|c| c.knob == k.name)
-                .ok_or_else(|| format!("{what}: the entry has no `{}`", k.name))?;
+                .ok_or_else(|| format!("{what}: stale entry: it has no `{}` ({} now)", k.name, k.kernel))?;
+            if c.kernel != k.kernel {
+                return Err(format!(
+                    "{what}: stale entry: its `{}` is {}'s, the step runs {}",
+                    k.name, c.kernel, k.kernel
+                ));
+            }
             let now = k.version(arch);
-            if c.kernel != k.kernel || c.version != now {
+            if c.version != now {
                 return Err(format!(
                     "{what}: stale entry for {} (version {} in the table, {now} now)",
                     k.kernel, c.version
@@ -409,9 +418,11 @@ pub fn mix_unit(shape: MixShape, final_shape: MixShape, nvfp4: bool) -> Unit<Mix
 }
 
 /// The GDN layer on the step's path (the norm in the delta rule's whole-head blocks): the input
-/// projection of the format, the state update, out_proj's GEMV.
-pub fn gdn_unit(shape: GdnShape, nvfp4: bool) -> Unit<GdnTiles> {
-    let a = GdnLaunches::unbound(shape, nvfp4);
+/// projection of its format, the state update, out_proj's GEMV of its format ([`gemv_nvfp4`] on
+/// `out_proj_nvfp4` for NVFP4 weights, as the step runs it). The format names both matrices'
+/// formats ([`gdn_format`]), so an entry tuned with the other out_proj kernel is not taken.
+pub fn gdn_unit(shape: GdnShape, nvfp4_in_proj: bool, nvfp4_out_proj: bool) -> Unit<GdnTiles> {
+    let a = GdnLaunches::unbound(shape, nvfp4_in_proj);
     let mut knobs = vec![match a.in_proj {
         InProj::Bf16(args) => {
             Knob::kernel::<gdn_in_proj_bf16::Kernel>("in_proj", |t: &mut GdnTiles| &mut t.in_proj, args)
@@ -425,18 +436,39 @@ pub fn gdn_unit(shape: GdnShape, nvfp4: bool) -> Unit<GdnTiles> {
         |t| &mut t.delta_rule_normed,
         a.delta_rule_normed,
     ));
-    knobs.push(Knob::kernel::<gemv_bf16::Kernel>("out_proj", |t| &mut t.out_proj, a.out_proj));
+    knobs.push(if nvfp4_out_proj {
+        Knob::kernel::<gemv_nvfp4::Kernel>("out_proj", |t| &mut t.out_proj_nvfp4, a.out_proj_nvfp4)
+    } else {
+        Knob::kernel::<gemv_bf16::Kernel>("out_proj", |t| &mut t.out_proj, a.out_proj)
+    });
     Unit {
         family: "gdn",
-        format: fmt_name(nvfp4),
+        format: gdn_format(nvfp4_in_proj, nvfp4_out_proj),
         shape: format!("{shape:?}"),
         knobs,
         valid: Box::new(move |t: &GdnTiles| {
             if t.norm_at != NormAt::DeltaRuleBlock {
                 return Err("the step runs the norm in the delta rule's blocks".into());
             }
-            t.check(shape, nvfp4).map_err(|e| e.to_string())
+            t.check(shape, nvfp4_in_proj).map_err(|e| e.to_string())?;
+            if nvfp4_out_proj {
+                t.check_out_proj_nvfp4(shape).map_err(|e| e.to_string())?;
+            }
+            Ok(())
         }),
+    }
+}
+
+/// The GDN unit's format: `nvfp4` (both matrices, as [`crate::step::Formats::NVFP4`] has them),
+/// `bf16`, or which one alone is NVFP4 (`nvfp4 in_proj`, `nvfp4 out_proj`). Tables written
+/// before out_proj ran in NVFP4 keyed `nvfp4` by the input projection alone: their `gdn nvfp4`
+/// entries name `gemv_bf16` for out_proj, and [`Unit::apply`] reports them stale.
+pub fn gdn_format(nvfp4_in_proj: bool, nvfp4_out_proj: bool) -> &'static str {
+    match (nvfp4_in_proj, nvfp4_out_proj) {
+        (true, true) => "nvfp4",
+        (false, false) => "bf16",
+        (true, false) => "nvfp4 in_proj",
+        (false, true) => "nvfp4 out_proj",
     }
 }
 
@@ -463,30 +495,43 @@ fn grid_top_k(t: &mut QsaTiles) -> &mut qsa_top_blocks_grid::Tiles {
     }
 }
 
-/// The QSA layer (its weights are bf16 in every format) with caches of `capacity` tokens: the
-/// stacked projection, prepare, the block scores, the top-k kernel the plan chose for the capacity
-/// (`grid`: the multi-block one), the attention, its combine, o_proj. The shape key names the
-/// top-k kernel, not the capacity: one entry serves every context that runs the same kernel, and
-/// the check at the plan's capacity decides whether it fits.
-pub fn qsa_unit(shape: QsaShape, capacity: usize, grid: bool) -> Unit<QsaTiles> {
+/// The QSA layer with caches of `capacity` tokens, its projections in bf16 or NVFP4 (as the
+/// plan's [`crate::step::Formats::qsa`] says): the stacked projection ([`gemv_bf16`], or
+/// [`gemv_nvfp4`] on `in_proj_nvfp4`), prepare, the block scores, the top-k kernel the plan chose
+/// for the capacity (`grid`: the multi-block one), the attention, its combine, o_proj (the GEMV of
+/// the format, on `o_proj` or `o_proj_nvfp4`). The shape key names the top-k kernel, not the
+/// capacity: one entry serves every context that runs the same kernel, and the check at the plan's
+/// capacity decides whether it fits.
+pub fn qsa_unit(shape: QsaShape, capacity: usize, grid: bool, nvfp4: bool) -> Unit<QsaTiles> {
     let a = QsaLaunches::unbound(shape, capacity, QsaTiles::fitting(shape).attention);
     let top_k = if grid {
         Knob::kernel::<qsa_top_blocks_grid::Kernel>("top_k", grid_top_k, a.top_blocks_grid)
     } else {
         Knob::kernel::<qsa_top_blocks::Kernel>("top_k", one_block_top_k, a.top_blocks)
     };
+    let (in_proj, o_proj) = if nvfp4 {
+        (
+            Knob::kernel::<gemv_nvfp4::Kernel>("in_proj", |t: &mut QsaTiles| &mut t.in_proj_nvfp4, a.in_proj_nvfp4),
+            Knob::kernel::<gemv_nvfp4::Kernel>("o_proj", |t: &mut QsaTiles| &mut t.o_proj_nvfp4, a.o_proj_nvfp4),
+        )
+    } else {
+        (
+            Knob::kernel::<gemv_bf16::Kernel>("in_proj", |t: &mut QsaTiles| &mut t.in_proj, a.in_proj),
+            Knob::kernel::<gemv_bf16::Kernel>("o_proj", |t: &mut QsaTiles| &mut t.o_proj, a.o_proj),
+        )
+    };
     let knobs = vec![
-        Knob::kernel::<gemv_bf16::Kernel>("in_proj", |t: &mut QsaTiles| &mut t.in_proj, a.in_proj),
+        in_proj,
         Knob::kernel::<qsa_prepare::Kernel>("prepare", |t| &mut t.prepare, a.prepare),
         Knob::kernel::<qsa_block_scores::Kernel>("block_scores", |t| &mut t.block_scores, a.block_scores),
         top_k,
         Knob::kernel::<qsa_attention::Kernel>("attention", |t| &mut t.attention, a.attention),
         Knob::kernel::<qsa_attention_combine::Kernel>("combine", |t| &mut t.combine, a.combine),
-        Knob::kernel::<gemv_bf16::Kernel>("o_proj", |t| &mut t.o_proj, a.o_proj),
+        o_proj,
     ];
     Unit {
         family: "qsa",
-        format: "bf16",
+        format: fmt_name(nvfp4),
         shape: format!("{shape:?} top_k={}", if grid { "grid" } else { "one_block" }),
         knobs,
         valid: Box::new(move |t: &QsaTiles| {
@@ -496,7 +541,11 @@ pub fn qsa_unit(shape: QsaShape, capacity: usize, grid: bool) -> Unit<QsaTiles> 
                     if grid { "multi-block" } else { "one-block" }
                 ));
             }
-            t.check(shape, capacity).map_err(|e| e.to_string())
+            t.check(shape, capacity).map_err(|e| e.to_string())?;
+            if nvfp4 {
+                t.check_nvfp4(shape).map_err(|e| e.to_string())?;
+            }
+            Ok(())
         }),
     }
 }

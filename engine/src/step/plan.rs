@@ -199,10 +199,10 @@ impl StepPlan {
         PlanUnits {
             moe: tuned::moe_unit(self.moe, self.formats.experts),
             mix: tuned::mix_unit(self.mix, self.final_mix, self.formats.mix),
-            gdn: self.gdn.map(|(shape, _)| tuned::gdn_unit(shape, self.formats.gdn_in_proj)),
-            qsa: self
-                .qsa
-                .map(|(shape, tiles)| tuned::qsa_unit(shape, self.capacity, matches!(tiles.top_k, TopK::Grid(_)))),
+            gdn: self.gdn.map(|(shape, _)| tuned::gdn_unit(shape, self.formats.gdn_in_proj, self.formats.gdn_out_proj)),
+            qsa: self.qsa.map(|(shape, tiles)| {
+                tuned::qsa_unit(shape, self.capacity, matches!(tiles.top_k, TopK::Grid(_)), self.formats.qsa)
+            }),
             ple: self.ple.map(|(shape, _)| tuned::ple_unit(shape, self.formats.ple_table)),
             lm_head: tuned::lm_head_unit(self.vocab, self.mix.hidden, sms, self.formats.lm_head),
         }
@@ -355,11 +355,11 @@ mod tests {
         }
     }
 
-    /// QSA and PLE take their entries like the other families: the tuned attention and gather
-    /// tiles replace the plan's; the QSA entry of the one-block top-k (32k) is refused with a
-    /// notice by a plan whose caches take the multi-block top-k (128k), which keeps its tiles; a
-    /// stale PLE entry is refused; the bf16 plan's PLE (bf16 rows) does not take the NVFP4 rows'
-    /// entry.
+    /// QSA and PLE take their entries like the other families: the tuned attention, NVFP4 o_proj
+    /// and gather tiles replace the plan's; the QSA entry of the one-block top-k (32k) is refused
+    /// with a notice by a plan whose caches take the multi-block top-k (128k), which keeps its
+    /// tiles; a stale PLE entry is refused; the bf16 plan's PLE (bf16 rows) does not take the NVFP4
+    /// rows' entry, nor its QSA (bf16 projections) the NVFP4 projections' entry.
     #[test]
     fn qsa_and_ple_take_tuned_tiles() {
         let cfg = ModelConfig::published();
@@ -369,16 +369,19 @@ mod tests {
         assert!(matches!(qsa_tiles.top_k, TopK::OneBlock(_)));
         let units = plan.units(132);
         let (qu, pu) = (units.qsa.as_ref().expect("qsa unit"), units.ple.as_ref().expect("ple unit"));
-        assert_eq!(qu.format, "bf16");
+        assert_eq!(qu.format, "nvfp4");
         assert_eq!(pu.format, "nvfp4");
         let names: Vec<_> = qu.knobs.iter().map(|k| k.name).collect();
         assert_eq!(names, ["in_proj", "prepare", "block_scores", "top_k", "attention", "combine", "o_proj"]);
         assert_eq!(qu.knobs[3].kernel, "qsa_top_blocks");
+        assert_eq!((qu.knobs[0].kernel, qu.knobs[6].kernel), ("gemv_nvfp4", "gemv_nvfp4"));
         let names: Vec<_> = pu.knobs.iter().map(|k| k.name).collect();
         assert_eq!(names, ["gather", "proj", "gate_conv"]);
         assert_eq!(pu.knobs[0].kernel, "ple_gather_nvfp4");
         let q = other_tiles(qu, qsa_tiles, "attention");
         let q = other_tiles(qu, q, "top_k");
+        let q = other_tiles(qu, q, "o_proj");
+        assert_ne!(q.o_proj_nvfp4, qsa_tiles.o_proj_nvfp4);
         let p = other_tiles(pu, ple_tiles, "gather");
         let p = other_tiles(pu, p, "gate_conv");
         let mut table = tuned::Table { device: "test".into(), arch: arch.to_string(), ..Default::default() };
@@ -395,15 +398,16 @@ mod tests {
         let long = StepPlan::new(&cfg, Formats::NVFP4, 131_072).expect("plan");
         let (long_tuned, notices) = long.clone().tuned(&table, arch, 132);
         assert_eq!(long_tuned.qsa.map(|(_, t)| t), long.qsa.map(|(_, t)| t));
-        assert!(notices.iter().any(|n| n == "qsa bf16: no entry"), "{notices:?}");
+        assert!(notices.iter().any(|n| n == "qsa nvfp4: no entry"), "{notices:?}");
         assert_eq!(long.units(132).qsa.expect("qsa").knobs[3].kernel, "qsa_top_blocks_grid");
 
-        // bf16 rows: the NVFP4 rows' entry is not theirs.
+        // bf16 rows and projections: the NVFP4 entries are not theirs.
         let bf16 = StepPlan::new(&cfg, Formats::BF16, 32_768).expect("plan");
         let (bf16_tuned, notices) = bf16.clone().tuned(&table, arch, 132);
         assert_eq!(bf16_tuned.ple.map(|(_, t)| t), bf16.ple.map(|(_, t)| t));
         assert!(notices.iter().any(|n| n == "ple bf16: no entry"), "{notices:?}");
-        assert_eq!(bf16_tuned.qsa.map(|(_, t)| t), Some(q), "QSA is bf16 in both plans");
+        assert_eq!(bf16_tuned.qsa.map(|(_, t)| t), bf16.qsa.map(|(_, t)| t));
+        assert!(notices.iter().any(|n| n == "qsa bf16: no entry"), "{notices:?}");
 
         // A stale PLE entry: refused, the plan's tiles kept.
         let mut stale = entry_of(pu, &p, arch);
@@ -412,6 +416,66 @@ mod tests {
         let (fallback, notices) = plan.clone().tuned(&table, arch, 132);
         assert_eq!(fallback.ple.map(|(_, t)| t), Some(ple_tiles));
         assert!(notices.iter().any(|n| n.starts_with("ple nvfp4: stale entry for ple_gate_conv")), "{notices:?}");
+    }
+
+    /// The NVFP4 plan runs GDN's out_proj through `gemv_nvfp4`, and its unit tunes those tiles
+    /// (`out_proj_nvfp4`): an entry with the bench's best set (8 warps, split 4) is taken; an entry
+    /// of the tables written when the unit's out_proj was the bf16 GEMV (the same `gdn nvfp4` key)
+    /// is reported stale and the plan keeps its tiles; a plan with GDN's input projection alone in
+    /// NVFP4 has a key of its own, whose out_proj is the bf16 GEMV.
+    #[test]
+    fn gdn_takes_entries_of_the_out_proj_it_runs() {
+        use crate::kernels::gemv_nvfp4::gemv_nvfp4;
+        let cfg = ModelConfig::published();
+        let arch = Arch::Sm90;
+        let plan = StepPlan::new(&cfg, Formats::NVFP4, 32_768).expect("plan");
+        let (shape, gdn_tiles) = plan.gdn.expect("GDN");
+        let units = plan.units(132);
+        let gu = units.gdn.as_ref().expect("gdn unit");
+        assert_eq!(gu.format, "nvfp4");
+        let out = gu.knobs.iter().find(|k| k.name == "out_proj").expect("out_proj knob");
+        assert_eq!(out.kernel, "gemv_nvfp4");
+        let best = tuned::tiles_string(&gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..gdn_tiles.out_proj_nvfp4 });
+        assert!(out.choices.contains(&best), "{best} among {:?}", out.choices);
+        let mut t = gdn_tiles;
+        assert!(out.set(&mut t, &best));
+        assert_eq!((t.out_proj_nvfp4.warps, t.out_proj_nvfp4.k_split), (8, 4));
+        assert_eq!(t.out_proj, gdn_tiles.out_proj, "the bf16 GEMV's tiles are not this knob's");
+        gu.valid(&t).expect("8 warps, split 4 fits the published out_proj");
+
+        let mut table = tuned::Table { device: "test".into(), arch: arch.to_string(), ..Default::default() };
+        table.upsert(entry_of(gu, &t, arch));
+        let (tuned_plan, notices) = plan.clone().tuned(&table, arch, 132);
+        assert_eq!(tuned_plan.gdn.map(|(_, t)| t), Some(t));
+        assert!(!notices.iter().any(|n| n.starts_with("gdn")), "{notices:?}");
+
+        // The earlier unit: out_proj the bf16 GEMV, keyed `nvfp4` by the input projection.
+        let old_unit = tuned::gdn_unit(shape, true, false);
+        assert_eq!(old_unit.format, "nvfp4 in_proj");
+        let mut old = entry_of(&old_unit, &gdn_tiles, arch);
+        old.format = "nvfp4".into();
+        table.upsert(old.clone());
+        assert_eq!(table.entries.len(), 1, "the same key");
+        let (fallback, notices) = plan.clone().tuned(&table, arch, 132);
+        assert_eq!(fallback.gdn.map(|(_, t)| t), Some(gdn_tiles));
+        assert!(
+            notices
+                .iter()
+                .any(|n| n == "gdn nvfp4: stale entry: its `out_proj` is gemv_bf16's, the step runs gemv_nvfp4"),
+            "{notices:?}"
+        );
+
+        // The input projection alone in NVFP4: its own key, out_proj in bf16.
+        let mixed = StepPlan::new(&cfg, Formats { gdn_out_proj: false, ..Formats::NVFP4 }, 32_768).expect("plan");
+        let mu = mixed.units(132).gdn.expect("gdn unit");
+        assert_eq!(mu.format, "nvfp4 in_proj");
+        assert_eq!(mu.knobs.iter().find(|k| k.name == "out_proj").map(|k| k.kernel), Some("gemv_bf16"));
+        let (_, notices) = mixed.clone().tuned(&table, arch, 132);
+        assert!(notices.iter().any(|n| n == "gdn nvfp4 in_proj: no entry"), "{notices:?}");
+        old.format = "nvfp4 in_proj".into();
+        table.upsert(old);
+        let (_, notices) = mixed.tuned(&table, arch, 132);
+        assert!(!notices.iter().any(|n| n.starts_with("gdn")), "{notices:?}");
     }
 
     /// The committed GB10 table is current: every family of the published step, in both formats,
@@ -431,9 +495,10 @@ mod tests {
         }
     }
 
-    /// The committed H200 table, as the timed run left it (no QSA or PLE entries yet), is read and
-    /// taken where current: QSA and PLE keep the plan's tiles with a notice, as does any family
-    /// whose kernels changed since the run.
+    /// The committed H200 table, as the timed run left it, is read and taken where current: a
+    /// family without an entry (the mix; QSA with NVFP4 projections) keeps the plan's tiles with a
+    /// notice, as does any family whose kernels changed since the run or whose entry was tuned
+    /// with another kernel (GDN's NVFP4 entry of the bf16 out_proj).
     #[test]
     fn the_h200_table_is_accepted_as_it_is() {
         let path = tuned::default_dir().join("nvidia-h200.json");

@@ -527,7 +527,9 @@ impl Harness<MixTiles> for Mix<'_> {
     }
 }
 
-/// The GDN layer: `LAYERS` layers with distinct weights and their own state. Its check is weaker
+/// The GDN layer: `LAYERS` layers with distinct weights and their own state, the input projection
+/// and out_proj each in the format the step runs it in (an NVFP4 out_proj is `gemv_nvfp4` at
+/// `GdnTiles::out_proj_nvfp4`, which is then what the out_proj knob varies). Its check is weaker
 /// than the others': a candidate's output on one layer (fresh x, zero state) must match the
 /// plan's tiles' output within 1e-2 relative L2, the plan's tiles being the ones
 /// tests/gpu_gdn.rs checks against the CPU reference (a direct CPU reference here is still to do).
@@ -543,9 +545,15 @@ struct Gdn<'g> {
     rng: Rng,
 }
 
-pub fn gdn(gpu: &Gpu, shape: GdnShape, nvfp4: bool, plan_tiles: GdnTiles) -> Made<'_, GdnTiles> {
+pub fn gdn(
+    gpu: &Gpu,
+    shape: GdnShape,
+    nvfp4_in_proj: bool,
+    nvfp4_out_proj: bool,
+    plan_tiles: GdnTiles,
+) -> Made<'_, GdnTiles> {
     let layers = (0..LAYERS)
-        .map(|l| synthetic::gdn(gpu, shape, nvfp4, false, 0x6d + l as u64))
+        .map(|l| synthetic::gdn(gpu, shape, nvfp4_in_proj, nvfp4_out_proj, 0x6d + l as u64))
         .collect::<engine::Result<Vec<_>>>()
         .map_err(err)?;
     let states =

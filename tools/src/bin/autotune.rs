@@ -16,11 +16,13 @@ use tools::autotune::{self, Target};
 /// device, and writes the table the engine loads at start.
 ///
 /// Units: each layer family the step tunes (moe, mix, gdn, lm_head, qsa, ple) in NVFP4 and in
-/// bf16, at the shapes of `StepPlan` for the model (the published config by default). QSA's
-/// weights are bf16 in both plans (one unit), timed at the last position of caches of `--context`
-/// tokens (32,768 by default: 8,192 blocks, past the budget of 512, so the top-k selects; the
-/// top-k kernel is the one the plan takes at that context, and names the unit); PLE's format is its
-/// table rows', read from pinned host memory mapped for the device. Each knob (one kernel's tiles;
+/// bf16, at the shapes of `StepPlan` for the model (the published config by default), each
+/// matrix in the format the step runs it in: in NVFP4, GDN's out_proj and QSA's two projections
+/// are `gemv_nvfp4`, whose tiles are then the out_proj, in_proj and o_proj knobs. QSA is timed
+/// at the last position of caches of `--context` tokens (32,768 by default: 8,192 blocks, past
+/// the budget of 512, so the top-k selects; the top-k kernel is the one the plan takes at that
+/// context, and names the unit); PLE's format is its table rows', read from pinned host memory
+/// mapped for the device. Each knob (one kernel's tiles;
 /// the lm_head's waves) enumerates its declared tile sets; those the launch's shape checks refuse
 /// are pruned, the rest compiled through NVRTC in parallel (and the kernel cache), and pruned again
 /// on the cubin's resources: spills, shared memory past the device's limit, a block the SM's
@@ -31,7 +33,9 @@ use tools::autotune::{self, Target};
 /// against the plan's tiles' output, which tests/gpu_gdn.rs checks against the reference); time per
 /// layer is the median of graph replays over ≥ 8 layers with distinct weights (beyond the L2; PLE:
 /// the ids and every layer's gather on a side stream, joined, then the blocks, as the step runs).
-/// Units already in the output with current kernel versions are skipped, so an interrupted or
+/// A candidate wins when more than 1% faster than the best so far, or faster and then faster by
+/// more than 0.2% in each of 3 alternating timings of the two (a kernel that is a small part of
+/// its layer, as GDN's out_proj, gains less than 1% of the layer). Units already in the output with current kernel versions are skipped, so an interrupted or
 /// budget-limited run resumes where it stopped. Progress goes to stderr.
 ///
 /// Untimed (`--untimed`, no GPU needed): a choice from the compiled resources alone for a device
@@ -122,7 +126,8 @@ fn run(a: Args) -> Result<(), String> {
     } else {
         "timed: coordinate descent from the plan's tiles over each knob's clean candidates (no spills, within shared \
          memory and registers); a candidate must match the CPU reference on one layer, then wins if its median time per \
-         layer (graph replays over layers with distinct weights) is more than 1% below the best so far"
+         layer (graph replays over layers with distinct weights) is more than 1% below the best so far, or below it and \
+         then more than 0.2% below it in each of 3 alternating timings of the two"
             .into()
     };
     eprintln!(
@@ -157,7 +162,7 @@ fn run(a: Args) -> Result<(), String> {
             && step(format!("gdn {}", unit.format))
         {
             tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
-                autotune::harness::gdn(g, shape, formats.gdn_in_proj, tiles)
+                autotune::harness::gdn(g, shape, formats.gdn_in_proj, formats.gdn_out_proj, tiles)
             })?;
         }
         if let (Some(unit), Some((shape, tiles))) = (&u.qsa, plan.qsa)
@@ -165,7 +170,7 @@ fn run(a: Args) -> Result<(), String> {
             && step(format!("qsa {} {}", unit.format, unit.shape))
         {
             tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
-                autotune::harness::qsa(g, &cfg, shape, plan.capacity)
+                autotune::harness::qsa(g, &cfg, shape, plan.capacity, formats.qsa)
             })?;
         }
         if let (Some(unit), Some((shape, tiles))) = (&u.ple, plan.ple)

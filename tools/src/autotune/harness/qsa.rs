@@ -1,12 +1,18 @@
 //! The QSA layer's harness: `LAYERS` layers with distinct weights and their own caches, decoding
 //! at the last position of the plan's caches (32,768 tokens by default: 8,192 complete blocks
 //! against a budget of 512, so the top-k selects), one shared scratch and context as in the step.
-//! Timed: the seven launches of every layer in one graph.
+//! Timed: the seven launches of every layer in one graph. The projections are in the format the
+//! step runs them in: bf16 (`gemv_bf16`) or NVFP4 (`gemv_nvfp4` at `QsaTiles::{in_proj_nvfp4,
+//! o_proj_nvfp4}`, the four stacked matrices with their own global scales).
 //!
 //! Checked against `reference::qsa` on layer 0: its weights made on the host (the index
 //! projection four ±1 or ±½ a row, inputs on a grid of quarter integers, so the index scores are
 //! exact on both sides, as tests/gpu_qsa_layer.rs has them), its caches filled on the device and
-//! read back as the reference's state. The token completes a block, so prepare's pooled key is
+//! read back as the reference's state. In NVFP4 the host's matrices are quantised, uploaded as
+//! such, and the reference runs on their dequantised values; the index rows quantise exactly (±1
+//! and ±½ are codes 6 and 3 under block scales 448 and 224), and every 16 inputs hold a ±2, so
+//! the GEMV's f16 staging of x (each 16 divided by their largest magnitude) is exact too and the
+//! index scores stay exact up to f32 rounding. The token completes a block, so prepare's pooled key is
 //! checked too. The block scores within 1e-4 relative L2 of the reference's, the selection exactly
 //! the top-k of the device's own scores, the output within 1e-2 of the reference's when the
 //! selections agree; where they differ only at a near tie of the k-th score, a fresh input is
@@ -17,6 +23,7 @@ use engine::layers::qsa::{
     QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice,
 };
 use engine::model::config::ModelConfig;
+use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{Linear, QsaWeights};
 use engine::reference::fill::Uniform;
 use engine::reference::qsa::{QsaState, block_scores, qsa_traced, top_blocks};
@@ -76,13 +83,37 @@ fn host_weights(rng: &mut Rng, sh: QsaShape) -> QsaWeights {
     }
 }
 
-/// Inputs on a grid of quarter integers in [−2, 2].
+/// Inputs on a grid of quarter integers in [−2, 2], each 16 of them (one chunk of the NVFP4
+/// GEMV's staging) holding a ±2 at a random place.
 fn grid_input(rng: &mut Rng, n: usize) -> Vec<bf16> {
-    (0..n).map(|_| bf16::from_f32(((rng.next() % 17) as f32 - 8.0) / 4.0)).collect()
+    let mut x: Vec<f32> = (0..n).map(|_| ((rng.next() % 17) as f32 - 8.0) / 4.0).collect();
+    for chunk in x.chunks_mut(16) {
+        let i = (rng.next() % chunk.len() as u64) as usize;
+        chunk[i] = if rng.next().is_multiple_of(2) { 2.0 } else { -2.0 };
+    }
+    x.into_iter().map(bf16::from_f32).collect()
 }
 
-/// The QSA harness for caches of `capacity` tokens (the plan's), decoding at `capacity − 1`.
-pub fn qsa<'g>(gpu: &'g Gpu, cfg: &ModelConfig, shape: QsaShape, capacity: usize) -> Made<'g, QsaTiles> {
+/// Layer 0's weights on the device: bf16, or NVFP4 quantised from `host`, whose projections then
+/// become the dequantised values (what the device multiplies by).
+fn upload_layer0(gpu: &Gpu, shape: QsaShape, host: &mut QsaWeights, nvfp4: bool) -> Result<QsaWeightsOnDevice, String> {
+    if !nvfp4 {
+        return QsaWeightsOnDevice::upload_bf16(gpu, shape, host).map_err(err);
+    }
+    let q = |l: &Linear| Nvfp4Matrix::quantise(&l.w, l.rows, l.cols);
+    let (wq, wk, wv, wi, wo) = (q(&host.q), q(&host.k), q(&host.v), q(&host.index_qk), q(&host.o));
+    let layer = QsaWeightsOnDevice::upload(gpu, shape, host, Some(([&wq, &wk, &wv, &wi], &wo))).map_err(err)?;
+    for (l, m) in
+        [(&mut host.q, &wq), (&mut host.k, &wk), (&mut host.v, &wv), (&mut host.index_qk, &wi), (&mut host.o, &wo)]
+    {
+        l.w = m.dequantise();
+    }
+    Ok(layer)
+}
+
+/// The QSA harness for caches of `capacity` tokens (the plan's), decoding at `capacity − 1`, the
+/// projections in NVFP4 where `nvfp4`.
+pub fn qsa<'g>(gpu: &'g Gpu, cfg: &ModelConfig, shape: QsaShape, capacity: usize, nvfp4: bool) -> Made<'g, QsaTiles> {
     let mut rng = Rng::fresh();
     let ctx = QsaContext::new(gpu, shape, capacity).map_err(err)?;
     let position = ctx.capacity() - 1;
@@ -96,15 +127,16 @@ pub fn qsa<'g>(gpu: &'g Gpu, cfg: &ModelConfig, shape: QsaShape, capacity: usize
         ));
     }
     eprintln!(
-        "[qsa bf16] {LAYERS} layers, caches of {} tokens, decoding at position {position} ({} blocks, {} kept)",
+        "[qsa {}] {LAYERS} layers, caches of {} tokens, decoding at position {position} ({} blocks, {} kept)",
+        if nvfp4 { "nvfp4" } else { "bf16" },
         ctx.capacity(),
         (position + 1) / c,
         shape.top
     );
-    let host = host_weights(&mut rng, shape);
-    let mut layers = vec![QsaWeightsOnDevice::upload_bf16(gpu, shape, &host).map_err(err)?];
+    let mut host = host_weights(&mut rng, shape);
+    let mut layers = vec![upload_layer0(gpu, shape, &mut host, nvfp4)?];
     for l in 1..LAYERS {
-        layers.push(synthetic::qsa(gpu, shape, false, 0x95a + l as u64).map_err(err)?);
+        layers.push(synthetic::qsa(gpu, shape, nvfp4, 0x95a + l as u64).map_err(err)?);
     }
     // Caches: keys and values of standard deviation 1, raw index keys likewise, pooled keys
     // leaning positive (as normed keys do), every layer its own.
