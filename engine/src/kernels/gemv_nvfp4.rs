@@ -44,8 +44,9 @@ use kernel_macros::kernel;
         seg1 <= seg2,
         seg2 <= seg3,
         seg3 <= rows,
-        MMA == 0 || (LANES == 2 && cols % (K_SPLIT * 128 * UNROLL) == 0),
+        MMA == 0 || LANES == 2,
         MMA == 1 || LANES >= 8,
+        MMA == 0 || cols % (K_SPLIT * 128 * UNROLL) == 0,
     ),
 )]
 pub fn gemv_nvfp4(

@@ -142,8 +142,9 @@ pub fn gdn_in_proj_bf16(
     grid = div_ceil(conv_dim + z_dim + 2 * heads, WARPS * ROWS),
     require(
         MMA == 1 || (conv_dim + z_dim + 2 * heads) % ROWS == 0,
-        MMA == 0 || (ROWS == 16 && hidden % (128 * UNROLL) == 0),
+        MMA == 0 || ROWS == 16,
         MMA == 1 || ROWS <= 4,
+        MMA == 0 || hidden % (128 * UNROLL) == 0,
         hidden % (32 * 16) == 0,
         hidden <= 4096,
     ),
