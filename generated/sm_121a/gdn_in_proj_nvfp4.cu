@@ -111,9 +111,6 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     __shared__ __align__(16) float xs[4096];
     __shared__ __align__(16) unsigned xh[1];
     __shared__ __align__(16) float xsc[1];
-    for (unsigned i = threadIdx.x; i < hidden; i += 128u) {
-        xs[i] = bf16_to_f32(x[i]);
-    }
     __syncthreads();
     const unsigned rows = conv_dim + z_dim + 2u * heads;
     const unsigned row0 = (blockIdx.x * 4u + (threadIdx.x >> 5)) * 2u;
@@ -123,8 +120,8 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     if (row0 < rows) {
         #pragma unroll 2
         for (unsigned c = (threadIdx.x & 31u) * 16u; c < hidden; c += 512u) {
-            const float4 x0_4 = *reinterpret_cast<float4*>(xs + c);
-            const float4 x1_4 = *reinterpret_cast<float4*>(xs + (c + 4u));
+            const float4 x0 = *reinterpret_cast<float4*>(xs + c);
+            const float4 x1 = *reinterpret_cast<float4*>(xs + (c + 4u));
             const float4 x2 = *reinterpret_cast<float4*>(xs + (c + 8u));
             const float4 x3 = *reinterpret_cast<float4*>(xs + (c + 12u));
             #pragma unroll
@@ -135,14 +132,14 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
                 const float4 w1 = e2m1x4_to_float4(wv.x >> 16u);
                 const float4 w2 = e2m1x4_to_float4(wv.y);
                 const float4 w3 = e2m1x4_to_float4(wv.y >> 16u);
-                float s = w0.x * x0_4.x;
-                s += w0.y * x0_4.y;
-                s += w0.z * x0_4.z;
-                s += w0.w * x0_4.w;
-                s += w1.x * x1_4.x;
-                s += w1.y * x1_4.y;
-                s += w1.z * x1_4.z;
-                s += w1.w * x1_4.w;
+                float s = w0.x * x0.x;
+                s += w0.y * x0.y;
+                s += w0.z * x0.z;
+                s += w0.w * x0.w;
+                s += w1.x * x1.x;
+                s += w1.y * x1.y;
+                s += w1.z * x1.z;
+                s += w1.w * x1.w;
                 s += w2.x * x2.x;
                 s += w2.y * x2.y;
                 s += w2.z * x2.z;

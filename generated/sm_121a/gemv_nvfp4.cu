@@ -138,25 +138,25 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
     for (unsigned chunk = threadIdx.x; chunk < k_len / 16u; chunk += 128u) {
         const uint4 lo = *reinterpret_cast<const uint4*>(x + (k_begin + chunk * 16u));
         const uint4 hi = *reinterpret_cast<const uint4*>(x + (k_begin + chunk * 16u + 8u));
-        const float2 a_1 = bf16x2_to_float2(lo.x);
-        const float2 b_1 = bf16x2_to_float2(lo.y);
-        const float2 c_1 = bf16x2_to_float2(lo.z);
-        const float2 d_1 = bf16x2_to_float2(lo.w);
+        const float2 a = bf16x2_to_float2(lo.x);
+        const float2 b = bf16x2_to_float2(lo.y);
+        const float2 c = bf16x2_to_float2(lo.z);
+        const float2 d = bf16x2_to_float2(lo.w);
         const float2 f = bf16x2_to_float2(hi.x);
         const float2 g = bf16x2_to_float2(hi.y);
         const float2 h = bf16x2_to_float2(hi.z);
         const float2 i_1 = bf16x2_to_float2(hi.w);
         const float m0 = fmaxf(
-            fmaxf(fmaxf(fabsf(a_1.x), fabsf(a_1.y)), fmaxf(fabsf(b_1.x), fabsf(b_1.y))),
-            fmaxf(fmaxf(fabsf(c_1.x), fabsf(c_1.y)), fmaxf(fabsf(d_1.x), fabsf(d_1.y))));
+            fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y))),
+            fmaxf(fmaxf(fabsf(c.x), fabsf(c.y)), fmaxf(fabsf(d.x), fabsf(d.y))));
         const float m1 = fmaxf(
             fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(g.x), fabsf(g.y))),
             fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(i_1.x), fabsf(i_1.y))));
-        const float m_1 = fmaxf(m0, m1);
-        const float inv = m_1 > 0.0f ? 1.0f / m_1 : 0.0f;
+        const float m = fmaxf(m0, m1);
+        const float inv = m > 0.0f ? 1.0f / m : 0.0f;
         const uint4 s0 = stage_e2m1_x8(
-            make_float4(a_1.x * inv, a_1.y * inv, b_1.x * inv, b_1.y * inv),
-            make_float4(c_1.x * inv, c_1.y * inv, d_1.x * inv, d_1.y * inv));
+            make_float4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
+            make_float4(c.x * inv, c.y * inv, d.x * inv, d.y * inv));
         const uint4 s1 = stage_e2m1_x8(
             make_float4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
             make_float4(h.x * inv, h.y * inv, i_1.x * inv, i_1.y * inv));
@@ -168,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
         xs[chunk * 8u + 5u] = s1.y;
         xs[chunk * 8u + 6u] = s1.z;
         xs[chunk * 8u + 7u] = s1.w;
-        xsc[chunk] = m_1;
+        xsc[chunk] = m;
     }
     __syncthreads();
     const unsigned lane = (threadIdx.x & 31u) % 16u;
@@ -179,9 +179,9 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
     if (active) {
         #pragma unroll 4
         for (unsigned c = lane * 16u; c < k_len; c += 256u) {
-            const unsigned at_1 = c / 2u;
-            const uint4 xa = make_uint4(xs[at_1], xs[at_1 + 1u], xs[at_1 + 2u], xs[at_1 + 3u]);
-            const uint4 xb = make_uint4(xs[at_1 + 4u], xs[at_1 + 5u], xs[at_1 + 6u], xs[at_1 + 7u]);
+            const unsigned at = c / 2u;
+            const uint4 xa = make_uint4(xs[at], xs[at + 1u], xs[at + 2u], xs[at + 3u]);
+            const uint4 xb = make_uint4(xs[at + 4u], xs[at + 5u], xs[at + 6u], xs[at + 7u]);
             const unsigned col_1 = k_begin + c;
             const uint2 wv = ld_stream_u32x2(packed + (row * (cols / 2u) + col_1 / 2u));
             const float ws = e4m3_to_f32(scales[row * (cols / 16u) + col_1 / 16u]);
@@ -196,8 +196,8 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
         }
     }
     if (active) {
-        const unsigned m_3 = row < seg1 ? 0u : (row < seg2 ? 1u : (row < seg3 ? 2u : 3u));
-        acc = acc * scale2[m_3];
+        const unsigned m_2 = row < seg1 ? 0u : (row < seg2 ? 1u : (row < seg3 ? 2u : 3u));
+        acc = acc * scale2[m_2];
     }
     if (active && lane == 0u) {
         y[row] = f32_to_bf16(acc);

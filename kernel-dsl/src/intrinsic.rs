@@ -89,6 +89,21 @@ pub enum Intrinsic {
     /// (`.x`, `.y` the first row, `.z`, `.w` the second). Products of f16 values are exact in the
     /// f32 sums.
     MmaF16,
+    /// `nvfp4_mma_segment(wa, wb, xs, at, own)`: one 128-value segment of a warp's 16 NVFP4 rows
+    /// on the tensor cores (`mma_f16_16x8x16`, eight products). Lane (q = l%4, g = l/4) passes
+    /// its 16 bytes of rows g and g + 8 (`u32x4` each: values 32q .. 32q + 31 of the segment, two
+    /// 16-value blocks) and the staged x (`xs`, a shared u32 array: [segment][word j][lane q] four
+    /// f16 pairs each in the decode's order, `at` the word of (segment, j 0, its q)); `own` is
+    /// g == 2q, the lanes that carry B's column 2q (the others pass zeros). Returns this lane's
+    /// block sums: row g over its first and second block (`.x`, `.y`), row g + 8 (`.z`, `.w`).
+    Nvfp4MmaSegment,
+    /// `nvfp4_mma_stage(v, xs, xsc, i, valid)`: stages eight bf16 activations (`v`, a `u32x4`)
+    /// for `nvfp4_mma_segment`, as value i / 8 of a slice: the 16 lanes of a 128-value segment
+    /// (one half of a warp, all of whose lanes must call it: it shuffles) share a power-of-two
+    /// scale that puts their largest |x| in [1, 2); the f16 pairs go to `xs` (a shared u32 array,
+    /// [segment][word j][lane q] four words each) and the scale back (its inverse) to `xsc[i /
+    /// 16]` (a shared f32 array). A lane with `valid` false stages nothing.
+    Nvfp4MmaStage,
     /// A vector from its lanes: `u32x4(a, b, c, d)`.
     Make(Vector),
     // Memory.
@@ -175,6 +190,8 @@ impl Intrinsic {
             "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
             "e2m1x8_to_f16x8" => plain(Intrinsic::E2m1x8ToF16x8),
             "mma_f16_16x8x16" => plain(Intrinsic::MmaF16),
+            "nvfp4_mma_segment" => plain(Intrinsic::Nvfp4MmaSegment),
+            "nvfp4_mma_stage" => plain(Intrinsic::Nvfp4MmaStage),
             "atomic_max" => plain(Intrinsic::AtomicMax),
             "load_vec" => vector().map(Intrinsic::LoadVec),
             "load_stream" => vector().map(Intrinsic::LoadStream),
@@ -243,6 +260,7 @@ impl Intrinsic {
                 | Intrinsic::AtomicMax
                 | Intrinsic::BlockSum
                 | Intrinsic::BlockMax
+                | Intrinsic::Nvfp4MmaStage
         )
     }
 
@@ -409,6 +427,34 @@ impl Intrinsic {
                 want(2, c)?;
                 sig(vec![a, b, c], c)
             }
+            I::Nvfp4MmaSegment => {
+                arity(5)?;
+                let w = Type::Vector(Vector::U32x4);
+                want(0, w)?;
+                want(1, w)?;
+                let xs = Type::Array { elem: Elem::Scalar(Scalar::U32), space: Space::Shared };
+                if args[2] != xs {
+                    return Err(format!("argument 3 must be a shared u32 array (the staged x), found {}", args[2]));
+                }
+                want(3, u32)?;
+                want(4, Type::BOOL)?;
+                sig(vec![w, w, xs, u32, Type::BOOL], Type::Vector(Vector::F32x4))
+            }
+            I::Nvfp4MmaStage => {
+                arity(5)?;
+                want(0, Type::Vector(Vector::U32x4))?;
+                let xs = Type::Array { elem: Elem::Scalar(Scalar::U32), space: Space::Shared };
+                let xsc = Type::Array { elem: Elem::Scalar(Scalar::F32), space: Space::Shared };
+                if args[1] != xs {
+                    return Err(format!("argument 2 must be a shared u32 array (the staged x), found {}", args[1]));
+                }
+                if args[2] != xsc {
+                    return Err(format!("argument 3 must be a shared f32 array (the scales), found {}", args[2]));
+                }
+                want(3, u32)?;
+                want(4, Type::BOOL)?;
+                sig(vec![Type::Vector(Vector::U32x4), xs, xsc, u32, Type::BOOL], Type::Void)
+            }
             I::Make(v) => {
                 let lane = Type::Scalar(v.lane());
                 arity(usize::from(v.lanes()))?;
@@ -507,6 +553,8 @@ impl Intrinsic {
             I::StageE2m1x8 => &[Helper::StageE2m1x8],
             I::E2m1x8ToF16x8 => &[Helper::E2m1x8ToF16x8],
             I::MmaF16 => &[Helper::MmaF16],
+            I::Nvfp4MmaSegment => &[Helper::Nvfp4MmaSegment],
+            I::Nvfp4MmaStage => &[Helper::Nvfp4MmaStage],
             I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
             I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],
             I::LoadCg => &[Helper::LdCg],

@@ -85,31 +85,7 @@ pub fn gemv_nvfp4(
         for base in (0..n).step_by(32 * WARPS) {
             let i = base + thread_idx();
             let valid = i < n;
-            let v = load_vec::<u32x4>(x, k_begin + (if valid { i } else { 0 }) * 8);
-            let (a, b, c, d) = (bf16x2_to_f32x2(v.x), bf16x2_to_f32x2(v.y), bf16x2_to_f32x2(v.z), bf16x2_to_f32x2(v.w));
-            let mut m = max(
-                max(max(abs(a.x), abs(a.y)), max(abs(b.x), abs(b.y))),
-                max(max(abs(c.x), abs(c.y)), max(abs(d.x), abs(d.y))),
-            );
-            m = max(m, shfl_xor(m, 8));
-            m = max(m, shfl_xor(m, 4));
-            m = max(m, shfl_xor(m, 2));
-            m = max(m, shfl_xor(m, 1));
-            // The power of two that puts the largest |x| in [1, 2): its exponent field e.
-            let e = min(max((m.to_bits() >> 23) & 255, 1), 253);
-            let up = f32_from_bits((254 - e) << 23);
-            let staged = stage_e2m1_x8(
-                f32x4(a.x * up, a.y * up, b.x * up, b.y * up),
-                f32x4(c.x * up, c.y * up, d.x * up, d.y * up),
-            );
-            if valid {
-                // Thread i's values are word j = i % 4 of lane q = (i % 16) / 4, segment i / 16.
-                let w = i % 16;
-                store_vec(xs, (((i / 16) * 4 + w % 4) * 4 + w / 4) * 4, staged);
-                if w == 0 {
-                    xsc[i / 16] = f32_from_bits(e << 23);
-                }
-            }
+            nvfp4_mma_stage(load_vec::<u32x4>(x, k_begin + (if valid { i } else { 0 }) * 8), xs, xsc, i, valid);
         }
     }
     if MMA == 0 {
@@ -162,7 +138,6 @@ pub fn gemv_nvfp4(
         let (l0, l1) = (min(r0, rows - 1), min(r1, rows - 1));
         // Lane (q, g) holds B's column g: x of lane q's values when g = 2q, zeros otherwise.
         let own = g == 2 * q;
-        let zero = u32x2(0, 0);
         let mut acc0 = 0.0;
         let mut acc1 = 0.0;
         // UNROLL segments a step with no exit test between them (the segment count is a multiple
@@ -187,33 +162,12 @@ pub fn gemv_nvfp4(
                 let seg = s0 + u;
                 let (wa, wb) = (wa_u[u], wb_u[u]);
                 let (sa0, sa1, sb0, sb1) = (sc_u[4 * u], sc_u[4 * u + 1], sc_u[4 * u + 2], sc_u[4 * u + 3]);
-                // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3, two of them a product.
-                let at = (seg * 16 + q) * 4;
-                // Words 0 and 1 of the lane's 16 bytes are its first block (c), 2 and 3 its second (d).
-                let (p, r) = (e2m1x8_to_f16x8(wa.x), e2m1x8_to_f16x8(wb.x));
-                let x0 = if own { load_vec::<u32x2>(xs, at) } else { zero };
-                let x1 = if own { load_vec::<u32x2>(xs, at + 2) } else { zero };
-                let mut c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
-                c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
-                let (p, r) = (e2m1x8_to_f16x8(wa.y), e2m1x8_to_f16x8(wb.y));
-                let x0 = if own { load_vec::<u32x2>(xs, at + 16) } else { zero };
-                let x1 = if own { load_vec::<u32x2>(xs, at + 18) } else { zero };
-                c = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, c);
-                c = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, c);
-                let (p, r) = (e2m1x8_to_f16x8(wa.z), e2m1x8_to_f16x8(wb.z));
-                let x0 = if own { load_vec::<u32x2>(xs, at + 32) } else { zero };
-                let x1 = if own { load_vec::<u32x2>(xs, at + 34) } else { zero };
-                let mut d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, f32x4(0.0, 0.0, 0.0, 0.0));
-                d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
-                let (p, r) = (e2m1x8_to_f16x8(wa.w), e2m1x8_to_f16x8(wb.w));
-                let x0 = if own { load_vec::<u32x2>(xs, at + 48) } else { zero };
-                let x1 = if own { load_vec::<u32x2>(xs, at + 50) } else { zero };
-                d = mma_f16_16x8x16(u32x4(p.x, r.x, p.y, r.y), x0, d);
-                d = mma_f16_16x8x16(u32x4(p.z, r.z, p.w, r.w), x1, d);
-                // Column 2q (.x, .z) is this lane's block; the segment's scale undoes x's.
+                // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3.
+                let sums = nvfp4_mma_segment(wa, wb, xs, (seg * 16 + q) * 4, own);
+                // The lane's two block sums of each row by their scales; the segment's scale undoes x's.
                 let down = xsc[seg];
-                acc0 += (c.x * sa0 + d.x * sa1) * down;
-                acc1 += (c.z * sb0 + d.z * sb1) * down;
+                acc0 += (sums.x * sa0 + sums.y * sa1) * down;
+                acc1 += (sums.z * sb0 + sums.w * sb1) * down;
             }
         }
         // Each row's sum over its four lanes, then its matrix's global scale.

@@ -650,6 +650,8 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::StageE2m1x8 => join("stage_e2m1_x8"),
         I::E2m1x8ToF16x8 => join("e2m1x8_to_f16x8"),
         I::MmaF16 => join("mma_f16_16x8x16"),
+        I::Nvfp4MmaSegment => join("nvfp4_mma_segment"),
+        I::Nvfp4MmaStage => join("nvfp4_mma_stage"),
         I::LoadStream(v) => {
             // Typing admits only the u32 forms: the loads move raw bits.
             let f = if v.lanes() == 4 { "ld_stream_u32x4" } else { "ld_stream_u32x2" };

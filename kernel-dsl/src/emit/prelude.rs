@@ -28,6 +28,8 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "stage_e2m1_x8",
     "e2m1x8_to_f16x8",
     "mma_f16_16x8x16",
+    "nvfp4_mma_segment",
+    "nvfp4_mma_stage",
     "warp_sum",
     "warp_max",
     "block_sum",
@@ -67,6 +69,8 @@ pub enum Helper {
     StageE2m1x8,
     E2m1x8ToF16x8,
     MmaF16,
+    Nvfp4MmaSegment,
+    Nvfp4MmaStage,
     WarpSum,
     WarpMax,
     BlockSum,
@@ -97,6 +101,8 @@ impl Helper {
             H::DotE2m1x16 => &[H::Hfma2, H::E2m1x8ToF16x2, H::F16x2ToFloat2],
             H::StageE2m1x8 => &[H::PackF16x2],
             H::E2m1x8ToF16x8 => &[H::E2m1x8ToF16x2],
+            H::Nvfp4MmaSegment => &[H::E2m1x8ToF16x8, H::MmaF16],
+            H::Nvfp4MmaStage => &[H::Bf16x2ToFloat2, H::StageE2m1x8],
             H::BlockSum => &[H::WarpSum],
             H::BlockMax => &[H::WarpMax],
             H::Silu => &[H::Sigmoid],
@@ -336,6 +342,58 @@ impl Helper {
                  \x20       : \"=f\"(d.x), \"=f\"(d.y), \"=f\"(d.z), \"=f\"(d.w)\n\
                  \x20       : \"r\"(a.x), \"r\"(a.y), \"r\"(a.z), \"r\"(a.w), \"r\"(b.x), \"r\"(b.y), \"f\"(c.x), \"f\"(c.y), \"f\"(c.z), \"f\"(c.w));\n\
                  \x20   return d;\n\
+                 }\n"
+            }
+            H::Nvfp4MmaSegment => {
+                "// One 128-value segment of a warp's 16 NVFP4 rows on the tensor cores. Lane (q, g) brings\n\
+                 // 16 bytes of rows g and g + 8 (values 32q .. 32q + 31: words 0 and 1 its first 16-value\n\
+                 // block, 2 and 3 its second) and the staged x ([segment][word j][lane q], four f16 pairs\n\
+                 // in the decode's order; `at` the word of j 0 and its q). In each product the four lanes\n\
+                 // of a row hold four different blocks, so B carries lane q's x in column 2q alone (the\n\
+                 // lanes g = 2q load it, the others pass zeros) and C's column 2q is lane q's block sum.\n\
+                 // Returns row g's sums over the lane's first and second block, then row g + 8's.\n\
+                 __device__ __forceinline__ float4 nvfp4_mma_segment(uint4 wa, uint4 wb, const unsigned* xs, unsigned at, bool own) {\n\
+                 \x20   const uint2 zero = make_uint2(0u, 0u);\n\
+                 \x20   const unsigned wa_[4] = {wa.x, wa.y, wa.z, wa.w}, wb_[4] = {wb.x, wb.y, wb.z, wb.w};\n\
+                 \x20   float4 blk[2];\n\
+                 #pragma unroll\n\
+                 \x20   for (int b = 0; b < 2; ++b) {\n\
+                 \x20       float4 c = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n\
+                 #pragma unroll\n\
+                 \x20       for (int j = 2 * b; j < 2 * b + 2; ++j) {\n\
+                 \x20           const uint4 p = e2m1x8_to_f16x8(wa_[j]), r = e2m1x8_to_f16x8(wb_[j]);\n\
+                 \x20           const uint2 x0 = own ? *reinterpret_cast<const uint2*>(xs + at + 16u * j) : zero;\n\
+                 \x20           const uint2 x1 = own ? *reinterpret_cast<const uint2*>(xs + at + 16u * j + 2u) : zero;\n\
+                 \x20           c = mma_f16_16x8x16(make_uint4(p.x, r.x, p.y, r.y), x0, c);\n\
+                 \x20           c = mma_f16_16x8x16(make_uint4(p.z, r.z, p.w, r.w), x1, c);\n\
+                 \x20       }\n\
+                 \x20       blk[b] = c;\n\
+                 \x20   }\n\
+                 \x20   return make_float4(blk[0].x, blk[1].x, blk[0].z, blk[1].z);\n\
+                 }\n"
+            }
+            H::Nvfp4MmaStage => {
+                "// Eight bf16 activations, value i / 8 of a slice, staged for nvfp4_mma_segment. The 16\n\
+                 // lanes of a 128-value segment (half a warp; every lane calls this: it shuffles) share\n\
+                 // the power of two that puts their largest |x| in [1, 2) (e its exponent field): the\n\
+                 // f16 pairs are then exact for bf16 x. They go to word j = i % 4 of lane q = (i % 16) / 4\n\
+                 // of segment i / 16, the scale's inverse to xsc[i / 16].\n\
+                 __device__ __forceinline__ void nvfp4_mma_stage(uint4 v, unsigned* xs, float* xsc, unsigned i, bool valid) {\n\
+                 \x20   const float2 a = bf16x2_to_float2(v.x), b = bf16x2_to_float2(v.y);\n\
+                 \x20   const float2 c = bf16x2_to_float2(v.z), d = bf16x2_to_float2(v.w);\n\
+                 \x20   float m = fmaxf(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y))),\n\
+                 \x20                   fmaxf(fmaxf(fabsf(c.x), fabsf(c.y)), fmaxf(fabsf(d.x), fabsf(d.y))));\n\
+                 #pragma unroll\n\
+                 \x20   for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));\n\
+                 \x20   const unsigned e = min(max((__float_as_uint(m) >> 23) & 255u, 1u), 253u);\n\
+                 \x20   const float up = __uint_as_float((254u - e) << 23);\n\
+                 \x20   const uint4 s = stage_e2m1_x8(make_float4(a.x * up, a.y * up, b.x * up, b.y * up),\n\
+                 \x20                                 make_float4(c.x * up, c.y * up, d.x * up, d.y * up));\n\
+                 \x20   if (valid) {\n\
+                 \x20       const unsigned w = i % 16u;\n\
+                 \x20       *reinterpret_cast<uint4*>(xs + (((i / 16u) * 4u + w % 4u) * 4u + w / 4u) * 4u) = s;\n\
+                 \x20       if (w == 0u) xsc[i / 16u] = __uint_as_float(e << 23);\n\
+                 \x20   }\n\
                  }\n"
             }
             H::WarpSum => {
