@@ -29,7 +29,7 @@ use engine::cuda::{DeviceBuffer, Gpu};
 use engine::kernels::embed::embed_streams;
 use engine::model::config::ModelConfig;
 use engine::tuned::{tile_choices, tiles_string};
-use flashnext::bench::{Recorder, Sample, Unit, replay_times_with, replays_duration_with};
+use flashnext::bench::{Recorder, Sample, Unit, capture_chain, replay_times_with, replays_duration_with};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::TileSet;
@@ -129,17 +129,7 @@ fn bench_embed(c: &mut Criterion) {
         gpu.write(&mut tokens, &Tokens::Fresh.draw(&mut rng, vocab)).expect("tokens");
         // SAFETY: the table holds vocab·d values, every token slot and streams slice lies in its
         // buffer (CHAIN of each), and the buffers outlive the graph.
-        unsafe { k.launch(&gpu, &args(0)) }.expect("launch");
-        gpu.synchronize().expect("sync");
-        let graph = gpu
-            .capture(|| {
-                for s in 0..CHAIN {
-                    // SAFETY: as above.
-                    unsafe { k.launch(&gpu, &args(s)) }?;
-                }
-                Ok(())
-            })
-            .expect("capture");
+        let graph = unsafe { capture_chain(&gpu, &k, CHAIN, &args) };
         for mode in [Tokens::Fresh, Tokens::One] {
             let mut before = || gpu.write(&mut tokens, &mode.draw(&mut rng, vocab)).expect("tokens");
             let times = replay_times_with(&gpu, &graph, REPLAYS, CHAIN, &mut before);

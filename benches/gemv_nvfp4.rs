@@ -18,7 +18,7 @@ use engine::layers::gdn::GdnShape;
 use engine::layers::qsa::QsaShape;
 use engine::model::config::ModelConfig;
 use engine::model::nvfp4::Nvfp4Matrix;
-use flashnext::bench::{Recorder, Sample, Unit, percentile};
+use flashnext::bench::{Recorder, Sample, Unit, capture_chain, percentile};
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
 use kernel_dsl::{E2m1x2, E4m3, KernelDef, TileSet};
@@ -57,30 +57,6 @@ fn weights(gpu: &Gpu, rng: &mut Rng, rows: usize, cols: usize, nvfp4: bool) -> W
     }
 }
 
-/// One eager launch of `args(0)` (it must be valid before it is captured), then a graph of
-/// `launches` launches of `args(i)`.
-///
-/// # Safety
-/// Every `args(i)` must address buffers that hold what the kernel reads and writes.
-unsafe fn capture<K: KernelDef>(
-    gpu: &Gpu,
-    k: &engine::cuda::LoadedKernel<K>,
-    launches: usize,
-    args: impl Fn(usize) -> K::Args,
-) -> Graph {
-    // SAFETY: the caller vouches for every launch's arguments.
-    unsafe { k.launch(gpu, &args(0)) }.expect("launch");
-    gpu.synchronize().expect("sync");
-    gpu.capture(|| {
-        for i in 0..launches {
-            // SAFETY: as above.
-            unsafe { k.launch(gpu, &args(i)) }?;
-        }
-        Ok(())
-    })
-    .expect("capture")
-}
-
 /// A graph of `launches` GEMVs cycling through the copies.
 fn graph(gpu: &Gpu, w: &Weights, b: &mut Buffers, tiles: Tiles, rows: usize, cols: usize, launches: usize) -> Graph {
     let (rows, cols) = (rows as u32, cols as u32);
@@ -90,7 +66,7 @@ fn graph(gpu: &Gpu, w: &Weights, b: &mut Buffers, tiles: Tiles, rows: usize, col
             let k = gpu.kernel::<gemv_bf16::Kernel>(t).expect("compile");
             let args = |i: usize| gemv_bf16::Args { w: ws[i % ws.len()].ptr(), x, y, partial, counters, rows, cols };
             // SAFETY: every W copy is rows×cols, x cols, y rows, partial 16·rows, counters rows.
-            unsafe { capture(gpu, &k, launches, args) }
+            unsafe { capture_chain(gpu, &k, launches, args) }
         }
         (Weights::Nvfp4 { packed, scales, scale2 }, Tiles::Nvfp4(t)) => {
             let k = gpu.kernel::<gemv_nvfp4::Kernel>(t).expect("compile");
@@ -112,7 +88,7 @@ fn graph(gpu: &Gpu, w: &Weights, b: &mut Buffers, tiles: Tiles, rows: usize, col
             };
             // SAFETY: every copy holds rows×cols/2 code bytes and rows×cols/16 scales; x cols,
             // y rows, partial 16·rows, counters rows.
-            unsafe { capture(gpu, &k, launches, args) }
+            unsafe { capture_chain(gpu, &k, launches, args) }
         }
         _ => unreachable!("a variant's tiles match its weights' format"),
     }

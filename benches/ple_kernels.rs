@@ -46,7 +46,7 @@ use engine::layers::ple::{PleHashOnDevice, PleShape};
 use engine::model::config::ModelConfig;
 use engine::model::ngram_hash::NgramHash;
 use engine::tuned::{tile_choices, tiles_string};
-use flashnext::bench::{Recorder, Sample, Unit, replay_times_with, replays_duration_with};
+use flashnext::bench::{Recorder, Sample, Unit, capture_chain, replay_times_with, replays_duration_with};
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::{DevPtr, TileSet};
@@ -121,17 +121,7 @@ fn bench_ids(gpu: &Gpu, rec: &mut Recorder, group: &mut BenchmarkGroup<'_, WallT
         gpu.write(&mut tokens, &fresh(rng)).expect("tokens");
         // SAFETY: every token slot, ids slice and hash state lies in a live buffer that outlives the
         // graph; the constants hold layers × heads primes and offsets, as `args` says.
-        unsafe { k.launch(gpu, &args[0]) }.expect("launch");
-        gpu.synchronize().expect("sync");
-        let graph = gpu
-            .capture(|| {
-                for a in &args {
-                    // SAFETY: as above.
-                    unsafe { k.launch(gpu, a) }?;
-                }
-                Ok(())
-            })
-            .expect("capture");
+        let graph = unsafe { capture_chain(gpu, &k, args.len(), |i| args[i]) };
         let (case, id) = if cold {
             ("cold: a hash state a launch, L2 flushed before each replay", "ple_ids/cold")
         } else {
@@ -248,17 +238,7 @@ fn bench_gate_conv(gpu: &Gpu, rec: &mut Recorder, group: &mut BenchmarkGroup<'_,
         // SAFETY: every set's slices lie in buffers of `sets` sets that outlive the graph, sized
         // as the kernel reads and writes them at this shape; input and output streams are
         // different buffers.
-        unsafe { k.launch(gpu, &args[0]) }.expect("launch");
-        gpu.synchronize().expect("sync");
-        let graph = gpu
-            .capture(|| {
-                for a in &args {
-                    // SAFETY: as above.
-                    unsafe { k.launch(gpu, a) }?;
-                }
-                Ok(())
-            })
-            .expect("capture");
+        let graph = unsafe { capture_chain(gpu, &k, args.len(), |i| args[i]) };
         let label = format!("{}{}", tiles_string(&t), if t == default { " (default)" } else { "" });
         let write = if post { "with the previous block's write" } else { "no write before" };
         let (n, d, kk) = (shape.streams, shape.hidden, shape.conv_kernel);

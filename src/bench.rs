@@ -6,7 +6,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use engine::cuda::timing::EventTimer;
-use engine::cuda::{Gpu, Graph};
+use engine::cuda::{Gpu, Graph, LoadedKernel};
+use kernel_dsl::KernelDef;
 use serde::{Deserialize, Serialize};
 
 /// The value at fraction `p` of an ascending slice (nearest rank).
@@ -337,6 +338,31 @@ pub fn format_utc(secs: u64) -> String {
     let mo = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(mo <= 2);
     format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}Z")
+}
+
+/// One eager launch of `args(0)` (so that a bad argument fails here, not inside a capture), then
+/// a graph of `launches` launches of `args(i)`: the chain a bench replays.
+///
+/// # Safety
+/// Every `args(i)` must address buffers that hold what the kernel reads and writes, alive as long
+/// as the graph.
+pub unsafe fn capture_chain<K: KernelDef>(
+    gpu: &Gpu,
+    k: &LoadedKernel<K>,
+    launches: usize,
+    args: impl Fn(usize) -> K::Args,
+) -> Graph {
+    // SAFETY: the caller vouches for every launch's arguments.
+    unsafe { k.launch(gpu, &args(0)) }.expect("launch");
+    gpu.synchronize().expect("sync");
+    gpu.capture(|| {
+        for i in 0..launches {
+            // SAFETY: as above.
+            unsafe { k.launch(gpu, &args(i)) }?;
+        }
+        Ok(())
+    })
+    .expect("capture")
 }
 
 #[cfg(test)]
