@@ -112,6 +112,9 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     __shared__ __align__(16) float xs[4096];
     __shared__ __align__(16) unsigned xh[1];
     __shared__ __align__(16) float xsc[1];
+    for (unsigned i = threadIdx.x; i < hidden; i += 128u) {
+        xs[i] = bf16_to_f32(x[i]);
+    }
     __syncthreads();
     const unsigned rows = conv_dim + z_dim + 2u * heads;
     const unsigned row0 = (blockIdx.x * 4u + (threadIdx.x >> 5)) * 2u;

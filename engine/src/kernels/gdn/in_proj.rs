@@ -187,6 +187,10 @@ pub fn gdn_in_proj_nvfp4(
             let valid = i < n;
             nvfp4_mma_stage(load_vec::<u32x4>(x, (if valid { i } else { 0 }) * 8), xh, xsc, i, valid);
         }
+    } else {
+        for i in (thread_idx()..hidden).step_by(32 * WARPS) {
+            xs[i] = x[i] as f32;
+        }
     }
     sync_threads();
 
