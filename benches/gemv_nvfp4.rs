@@ -156,6 +156,15 @@ fn cases() -> Vec<Case> {
         ("nvfp4 w8 split2", Tiles::Nvfp4(gemv_nvfp4::Tiles { warps: 8, k_split: 2, ..n })),
         ("nvfp4 w8 split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..n })),
         ("nvfp4 l32 w8", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 32, warps: 8, ..n })),
+        // The tensor-core path (a warp's 16 rows through mma.m16n8k16), at the splits that fill
+        // the SMs: 16 rows a warp leave 2560-row matrices 40 blocks of 4 warps without a K split.
+        ("mma", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, ..n })),
+        ("mma split2", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 2, ..n })),
+        ("mma split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 4, unroll: 2, ..n })),
+        ("mma split8", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 8, unroll: 2, ..n })),
+        ("mma w2 split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 2, k_split: 4, unroll: 2, ..n })),
+        ("mma w8 split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 8, k_split: 4, unroll: 2, ..n })),
+        ("mma split4 unroll1", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 4, unroll: 1, ..n })),
     ];
     let with = |bf16: Vec<(&'static str, Tiles)>| bf16.into_iter().chain(nvfp4_variants.clone()).collect();
     vec![

@@ -508,6 +508,7 @@ mod tests {
         for formats in [Formats::NVFP4, Formats::BF16] {
             let plan = StepPlan::new(&cfg, formats, 32_768).expect("plan");
             let (_, notices) = plan.tuned(&table, Arch::Sm90, table.sms);
+            println!("{formats:?}: {notices:?}");
             for n in &notices {
                 assert!(n.contains(": no entry") || n.contains(": stale entry"), "{formats:?}: {n}");
             }
