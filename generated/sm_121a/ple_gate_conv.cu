@@ -24,6 +24,8 @@
 // channels for the conv, the state and the output, so that the state's 9 rows spread over
 // n·SPLIT SMs. Each channel is one thread's alone: the state needs no barrier. `streams_out`
 // must not overlap `streams_in`: every block reads its whole stream while the others write.
+// The state's rows a thread shifts live in registers between their loads and stores, 16 at
+// most: the state holds at most 17 rows (the published one 9).
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
@@ -112,6 +114,13 @@ extern "C" __global__ void __launch_bounds__(256) ple_gate_conv(
     const unsigned begin = blockIdx.y * slice;
     for (unsigned i = begin + threadIdx.x; i < begin + slice; i += 256u) {
         const unsigned c = base + i;
+        float kept[16] = {};
+        #pragma unroll
+        for (unsigned t = 0u; t < 16u; ++t) {
+            if (t + 1u < depth) {
+                kept[t] = conv_state[(t + 1u) * nd + c];
+            }
+        }
         const float gated = g * bf16_to_f32(proj[nd + i]);
         const float normed = gated * conv_scale * (1.0f + bf16_to_f32(norm_conv[c]));
         float acc = bf16_to_f32(conv_w[c * kernel_size + kernel_size - 1u]) * normed;
@@ -121,8 +130,11 @@ extern "C" __global__ void __launch_bounds__(256) ple_gate_conv(
         }
         const float x = post ? bf16_to_f32(f32_to_bf16(fmaf(omega, bf16_to_f32(y[i]), bf16_to_f32(streams_in[c])))) : bf16_to_f32(streams_in[c]);
         streams_out[c] = f32_to_bf16(x + (gated + silu(acc)));
-        for (unsigned t = 0u; t < depth - 1u; ++t) {
-            conv_state[t * nd + c] = conv_state[(t + 1u) * nd + c];
+        #pragma unroll
+        for (unsigned t = 0u; t < 16u; ++t) {
+            if (t + 1u < depth) {
+                conv_state[t * nd + c] = kept[t];
+            }
         }
         conv_state[(depth - 1u) * nd + c] = normed;
     }

@@ -121,11 +121,18 @@ pub fn gdn_in_proj_bf16(
 /// ModelOpt layout (`packed` [rows, hidden/2], low nibble first; `scales` e4m3 [rows, hidden/16])
 /// with one global scale per projection (`scale2` [4]: qkv, z, b, a).
 ///
-/// The products are f32 (x staged in shared memory as f32 by every block, 10 KB at the published
-/// shape, from L2): q, k and v feed the fp32 state, whose 1e-4 tolerance the f16 activations of
+/// The products are f32 (x read as bf16 and widened, or with DIRECT = 0 staged in shared memory
+/// as f32 by every block, 10 KB at the published shape): q, k and v feed the fp32 state, whose 1e-4 tolerance the f16 activations of
 /// the MoE's NVFP4 kernels would not meet. Each warp owns ROWS rows; per step a lane streams 16
 /// FP4 values (8 bytes) of each, decodes them to f32, sums the 16 products and scales the sum by
 /// the block's e4m3 scale.
+///
+/// DIRECT = 1 reads each lane's 16 values of x from global memory beside its weights (bf16, L1
+/// after the first warp) instead of staging x in shared memory first: no barrier and no staging
+/// pass stand before a block's first weight load, which matters because the grid is about one
+/// wave of short blocks (5 steps of 512 values at the published shape), each a chain of a few
+/// memory round trips. The default: on the H200 it takes the input projection from 20.6 to
+/// 17.1 µs at the published shape (BENCHMARKS.md, GDN section).
 ///
 /// MMA = 1 (with ROWS = 16: a warp owns 16 rows) takes the products to the tensor cores, at the
 /// same accuracy: f16 operands and f32 sums (`mma.m16n8k16`). x is staged as f16 with a
@@ -144,6 +151,7 @@ pub fn gdn_in_proj_bf16(
         MMA == 1 || (conv_dim + z_dim + 2 * heads) % ROWS == 0,
         MMA == 0 || ROWS == 16,
         MMA == 1 || ROWS <= 4,
+        MMA == 0 || DIRECT == 0,
         MMA == 0 || hidden % (128 * UNROLL) == 0,
         hidden % (32 * 16) == 0,
         hidden <= 4096,
@@ -152,8 +160,9 @@ pub fn gdn_in_proj_bf16(
 pub fn gdn_in_proj_nvfp4(
     #[tile(default = 2, candidates = [1, 2, 4, 16])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 2, candidates = [1, 2])] UNROLL: u32,
+    #[tile(default = 1, candidates = [1, 2])] UNROLL: u32,
     #[tile(default = 0, candidates = [0, 1])] MMA: u32,
+    #[tile(default = 1, candidates = [0, 1])] DIRECT: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
     scale2: &[f32],
@@ -175,7 +184,7 @@ pub fn gdn_in_proj_nvfp4(
     // keeps its occupancy. f32 path: x as f32. MMA: x as f16 pairs, [segment][word j][lane q] four
     // words each (the values of lane q's word j, in the decode's order), and each segment's scale
     // back.
-    let xs = shared::<f32, { 4096 - 4095 * MMA }>();
+    let xs = shared::<f32, { 4096 - 4095 * (MMA + DIRECT) }>();
     let xh = shared::<u32, { 1 + 2047 * MMA }>();
     let xsc = shared::<f32, { 1 + 31 * MMA }>();
     if MMA == 1 {
@@ -187,12 +196,14 @@ pub fn gdn_in_proj_nvfp4(
             let valid = i < n;
             nvfp4_mma_stage(load_vec::<u32x4>(x, (if valid { i } else { 0 }) * 8), xh, xsc, i, valid);
         }
-    } else {
+    } else if DIRECT == 0 {
         for i in (thread_idx()..hidden).step_by(32 * WARPS) {
             xs[i] = x[i] as f32;
         }
     }
-    sync_threads();
+    if DIRECT == 0 {
+        sync_threads();
+    }
 
     let rows = conv_dim + z_dim + 2 * heads;
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
@@ -248,10 +259,27 @@ pub fn gdn_in_proj_nvfp4(
     if MMA == 0 && row0 < rows {
         #[unroll(UNROLL)]
         for c in (lane_id() * 16..hidden).step_by(32 * 16) {
-            let x0 = load_vec::<f32x4>(xs, c);
-            let x1 = load_vec::<f32x4>(xs, c + 4);
-            let x2 = load_vec::<f32x4>(xs, c + 8);
-            let x3 = load_vec::<f32x4>(xs, c + 12);
+            let mut x0 = f32x4(0.0, 0.0, 0.0, 0.0);
+            let mut x1 = x0;
+            let mut x2 = x0;
+            let mut x3 = x0;
+            if DIRECT == 1 {
+                // The lane's 16 values of x straight from global memory (L1 after the first
+                // warp), beside its weights: no staging, no barrier before the first load.
+                let lo = load_vec::<u32x4>(x, c);
+                let hi = load_vec::<u32x4>(x, c + 8);
+                let (a, b, e, f) = (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
+                x0 = f32x4(a.x, a.y, b.x, b.y);
+                x1 = f32x4(e.x, e.y, f.x, f.y);
+                let (a, b, e, f) = (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
+                x2 = f32x4(a.x, a.y, b.x, b.y);
+                x3 = f32x4(e.x, e.y, f.x, f.y);
+            } else {
+                x0 = load_vec::<f32x4>(xs, c);
+                x1 = load_vec::<f32x4>(xs, c + 4);
+                x2 = load_vec::<f32x4>(xs, c + 8);
+                x3 = load_vec::<f32x4>(xs, c + 12);
+            }
             #[unroll]
             for r in 0..ROWS {
                 let row = row0 + r;

@@ -26,10 +26,12 @@ use kernel_macros::kernel;
 /// channels for the conv, the state and the output, so that the state's 9 rows spread over
 /// n·SPLIT SMs. Each channel is one thread's alone: the state needs no barrier. `streams_out`
 /// must not overlap `streams_in`: every block reads its whole stream while the others write.
+/// The state's rows a thread shifts live in registers between their loads and stores, 16 at
+/// most: the state holds at most 17 rows (the published one 9).
 #[kernel(
     block = 32 * WARPS,
     grid = (streams, SPLIT),
-    require(d % SPLIT == 0, kernel_size >= 2),
+    require(d % SPLIT == 0, kernel_size >= 2, (kernel_size - 1) * dilation <= 17),
 )]
 pub fn ple_gate_conv(
     #[tile(default = 8, candidates = [4, 8])] WARPS: u32,
@@ -95,6 +97,16 @@ pub fn ple_gate_conv(
     let begin = block_idx_y() * slice;
     for i in (begin + thread_idx()..begin + slice).step_by(block_dim()) {
         let c = base + i;
+        // The rows that shift, all loaded before anything is stored: a store through any
+        // pointer may alias a later load, so a shift written as load, store, load, ... waits a
+        // memory round trip per row (23.7 µs a launch on the H200 for a 9-row state).
+        let mut kept = [0.0; 16];
+        #[unroll]
+        for t in 0..16 {
+            if t + 1 < depth {
+                kept[t] = conv_state[(t + 1) * nd + c];
+            }
+        }
         let gated = g * (proj[nd + i] as f32);
         let normed = gated * conv_scale * (1.0 + norm_conv[c] as f32);
         let mut acc = (conv_w[c * kernel_size + kernel_size - 1] as f32) * normed;
@@ -105,8 +117,11 @@ pub fn ple_gate_conv(
         let x =
             if post { (fma(omega, y[i] as f32, streams_in[c] as f32) as bf16) as f32 } else { streams_in[c] as f32 };
         streams_out[c] = (x + (gated + silu(acc))) as bf16;
-        for t in 0..depth - 1 {
-            conv_state[t * nd + c] = conv_state[(t + 1) * nd + c];
+        #[unroll]
+        for t in 0..16 {
+            if t + 1 < depth {
+                conv_state[t * nd + c] = kept[t];
+            }
         }
         conv_state[(depth - 1) * nd + c] = normed;
     }
