@@ -268,10 +268,12 @@ pub fn gdn_in_proj_nvfp4(
                 // warp), beside its weights: no staging, no barrier before the first load.
                 let lo = load_vec::<u32x4>(x, c);
                 let hi = load_vec::<u32x4>(x, c + 8);
-                let (a, b, e, f) = (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
+                let (a, b, e, f) =
+                    (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
                 x0 = f32x4(a.x, a.y, b.x, b.y);
                 x1 = f32x4(e.x, e.y, f.x, f.y);
-                let (a, b, e, f) = (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
+                let (a, b, e, f) =
+                    (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
                 x2 = f32x4(a.x, a.y, b.x, b.y);
                 x3 = f32x4(e.x, e.y, f.x, f.y);
             } else {
