@@ -14,6 +14,7 @@ pub mod intrinsic;
 pub mod ir;
 pub mod key;
 pub mod launch;
+pub mod shared_use;
 pub mod specialize;
 pub mod storage;
 pub mod types;

@@ -113,6 +113,11 @@ pub fn specialize(
     if let Some(p) = problem {
         return Err(fail(p));
     }
+    if let Some(name) = crate::shared_use::read_but_never_written(&body) {
+        return Err(fail(format!(
+            "shared array `{name}` is read but nothing writes it at these tiles (a write folded away with its branch?)"
+        )));
+    }
     let limit = Arch::MAX_STATIC_SHARED_BYTES.min(arch.max_shared_bytes_per_block());
     if static_shared_bytes > limit {
         return Err(fail(format!(
