@@ -158,6 +158,8 @@ fn cases() -> Vec<Case> {
         ("nvfp4 l32 w8", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 32, warps: 8, ..n })),
         // The tensor-core path (a warp's 16 rows through mma.m16n8k16), at the splits that fill
         // the SMs: 16 rows a warp leave 2560-row matrices 40 blocks of 4 warps without a K split.
+        // On 2560 columns (QSA's in_proj) only `mma` and `mma split4 unroll1` fit: the path needs
+        // cols % (K_SPLIT·128·UNROLL) == 0, and the others are reported as not fitting.
         ("mma", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, ..n })),
         ("mma split2", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 2, ..n })),
         ("mma split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 4, unroll: 2, ..n })),

@@ -11,7 +11,10 @@ use crate::intrinsic::Intrinsic;
 use crate::ir::{Expr, ExprKind, Stmt};
 use crate::types::Space;
 
-/// The first shared array (in declaration order) that `body` reads and never writes.
+/// The first shared array (in declaration order) that `body` reads and never writes. Only a
+/// store writes (`=`, `store_vec`, the block reductions' scratch, `nvfp4_mma_stage`): `+=` and
+/// the atomics read what is there first, so an array they alone touch still counts as unwritten.
+/// Order is not checked (a store after the read satisfies it), nor scopes (arrays by name).
 pub fn read_but_never_written(body: &[Stmt]) -> Option<String> {
     let mut shared = Vec::new();
     for stmt in body {
@@ -41,13 +44,14 @@ impl Uses {
     fn stmt(&mut self, s: &Stmt) {
         match s {
             Stmt::Assign { place, op, value } => {
-                // The place's base is written (and read too by `+=` and the like); its index is
-                // an ordinary expression.
+                // A plain store writes the place's base; `+=` and the like read it first, so they
+                // only read. The place's index is an ordinary expression.
                 let (base, rest) = place_parts(place);
                 if let Some(name) = base {
-                    self.written.insert(name.to_owned());
                     if op.is_some() {
                         self.read.insert(name.to_owned());
+                    } else {
+                        self.written.insert(name.to_owned());
                     }
                 }
                 rest.into_iter().for_each(|e| self.expr(e));
@@ -120,12 +124,12 @@ fn place_parts(place: &Expr) -> (Option<&str>, Vec<&Expr>) {
     }
 }
 
-/// Whether intrinsic `f` stores into its argument `i` (an array or a pointer), rather than only
-/// reading it.
+/// Whether intrinsic `f` stores into its argument `i` (an array or a pointer) without reading it
+/// first. The atomics read before they write (and return what they read), so they do not count.
 fn writes_argument(f: Intrinsic, i: usize) -> bool {
     use Intrinsic as I;
     match f {
-        I::StoreVec | I::AtomicAdd | I::AtomicMax => i == 0,
+        I::StoreVec => i == 0,
         // The block reductions pass their partial sums through the scratch array they are given.
         I::BlockSum | I::BlockMax => i == 1,
         // nvfp4_mma_stage(v, xs, xsc, i, valid) writes the staged pairs and the scales.
@@ -174,10 +178,15 @@ mod tests {
     }
 
     #[test]
-    fn a_compound_assignment_reads_and_writes() {
+    fn a_compound_assignment_or_an_atomic_reads_first() {
         let add =
             Stmt::Assign { place: Expr::index(arr("s"), Expr::u32(1)), op: Some(BinOp::Add), value: Expr::f32(2.0) };
-        assert_eq!(read_but_never_written(&[shared("s"), add]), None);
+        assert_eq!(read_but_never_written(&[shared("s"), add.clone()]), Some("s".into()));
+        assert_eq!(read_but_never_written(&[shared("s"), write("s"), add]), None);
+        let atomic =
+            Stmt::Expr(Expr::call(Intrinsic::AtomicAdd, vec![arr("s"), Expr::u32(0), Expr::u32(1)], Type::U32));
+        assert_eq!(read_but_never_written(&[shared("s"), atomic.clone()]), Some("s".into()));
+        assert_eq!(read_but_never_written(&[shared("s"), write("s"), atomic]), None);
     }
 
     #[test]

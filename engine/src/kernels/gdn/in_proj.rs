@@ -180,10 +180,10 @@ pub fn gdn_in_proj_nvfp4(
     // Overlaps its predecessor (x is its output), and lets the state update start early.
     grid_dependency_wait();
     launch_dependents();
-    // Each path sizes only its own staging (the other's is one element), so that the f32 path
-    // keeps its occupancy. f32 path: x as f32. MMA: x as f16 pairs, [segment][word j][lane q] four
-    // words each (the values of lane q's word j, in the decode's order), and each segment's scale
-    // back.
+    // Each path sizes only its own staging (the others' are one element), so that the f32 path
+    // keeps its occupancy. f32 path with DIRECT = 0: x as f32 (DIRECT = 1 stages nothing). MMA:
+    // x as f16 pairs, [segment][word j][lane q] four words each (the values of lane q's word j,
+    // in the decode's order), and each segment's scale back.
     let xs = shared::<f32, { 4096 - 4095 * (MMA + DIRECT) }>();
     let xh = shared::<u32, { 1 + 2047 * MMA }>();
     let xsc = shared::<f32, { 1 + 31 * MMA }>();
