@@ -128,8 +128,8 @@ has_tool() { [[ ",$tools_csv," == *",$1,"* ]]; }
 # Rough seconds per run on the NVIDIA H200 (compute-sanitizer 2025.3.1, driver 580, the kernel
 # cache warm), by test binary: memcheck, racecheck, initcheck ("-": that tool does not run there).
 # Measured in RELIABILITY.md's runs (2026-11-30) except where the comment says "guess"; "sum" is
-# the sum of one-test-group runs made four or five at once on one GPU (08:04 and 08:14 UTC), an
-# upper bound of one run alone. --plan packs calls with these; a binary above a call's length
+# the sum of one-test-group runs made four or five at once on one GPU (08:04 and 08:14 UTC; and
+# session 18's of 10:45-11:32 UTC, up to nine at once), an upper bound of one run alone. --plan packs calls with these; a binary above a call's length
 # (gpu_gdn, gpu_step under racecheck) needs --filter to split it, as RELIABILITY.md's runs did.
 durations() {
   cat <<'TABLE'
@@ -140,13 +140,14 @@ gpu_fill        2    50    -
 gpu_lm_head    34    82    -
 gpu_mix        10    17    -
 gpu_overlap     1     1    -
-gpu_ple        19    62    -
-gpu_qsa        14   320    -    racecheck: 96 s for three tests, 224 s for the graph-replay test
+gpu_ple        63    90    -    session 18, beside eight other runs
+gpu_qsa        14   350    -    racecheck: 96 + 28 s for two groups of three tests, 224 s for the graph-replay test
 gpu_qsa_layer  23    90    -    racecheck a guess
 gpu_synthetic   1    10    -    racecheck a guess
-gpu_sample      5   260    -    racecheck: 179 s for the published vocabulary, the rest a guess
+gpu_sample      5   650    -    racecheck: 179 s the published vocabulary, 428 s the tile sweep, the rest a guess
 gpu_step      900  2260    -    sum (memcheck: three golden tests cut at 545 s, the fourth 236 s)
-gpu_gdn        34  1150    -    racecheck a sum (the NVFP4 tile sweep 430 s alone)
+gpu_gdn       370  1010    -    sums of one-test runs (session 18: the NVFP4 sweep of 42 input projection sets 162 / 282 s)
+gpu_gemv_nvfp4 25    31    -    session 18
 gpu_moe        95   165    -    racecheck a sum
 gpu_helpers     2    10    -    racecheck a guess
 gpu_kernels    21    80    -    racecheck a guess
