@@ -520,6 +520,21 @@ mod tests {
         }
     }
 
+    /// A PLE conv whose state has more rows than the gate/conv kernel keeps in registers (17) is
+    /// refused at planning, naming the kernel and its requirement, before anything is allocated.
+    #[test]
+    fn a_ple_conv_state_past_the_kernel_is_refused_with_the_reason() {
+        let mut cfg = golden("tiny-step");
+        assert!(!cfg.ple_layers.is_empty(), "tiny-step has PLE");
+        let dilation = cfg.ngram_size;
+        cfg.ple_conv_kernel = 17 / dilation + 2;
+        assert!((cfg.ple_conv_kernel - 1) * dilation > 17);
+        let e = StepPlan::new(&cfg, Formats::BF16, 64).expect_err("the state is too deep").to_string();
+        assert!(e.contains("ple_gate_conv") && e.contains("dilation <= 17"), "{e}");
+        cfg.ple_conv_kernel = 17 / dilation + 1;
+        StepPlan::new(&cfg, Formats::BF16, 64).expect("17 rows or fewer fit");
+    }
+
     /// A hidden size the 16-byte lanes cannot take is refused with the reason, and so are three
     /// streams (the Gated Residual's lanes split over the streams: their count divides 32).
     #[test]
