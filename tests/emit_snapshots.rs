@@ -148,6 +148,9 @@ pub fn memory(
     let pair = load_stream::<u32x2>(w, i + 2);
     let f = load_vec::<f32x4>(src, i);
     store_vec(tile, t * 4, u32x4(words.w, words.z, words.y ^ pair.x, words.x | pair.y));
+    // Zeroed before the atomics below add into it (specialisation refuses a shared array that
+    // only atomics touch: they would add into what the last block left there).
+    wide_tile[t] = 0;
     sync_threads();
     let mut back = load_vec::<u32x4>(tile, (t * 4 + 4) % 512);
     back.y = back.x + 1;
