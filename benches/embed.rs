@@ -24,8 +24,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::copy_bandwidth;
-use engine::cuda::{DeviceBuffer, Gpu};
+use engine::cuda::DeviceBuffer;
 use engine::kernels::embed::embed_streams;
 use engine::model::config::ModelConfig;
 use engine::tuned::{tile_choices, tiles_string};
@@ -82,16 +81,7 @@ impl Tokens {
 }
 
 fn bench_embed(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("embed bench skipped: {e}");
-            return;
-        }
-    };
-    let info = gpu.info().clone();
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    println!("device {} ({} SMs): device-to-device copy {:.2} TB/s", info.name, info.sm_count, copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("embed") else { return };
     let mut rec = Recorder::new(&gpu, "embed", Some(copy_bw));
     let mut rng = Rng::fresh("embed bench");
     let shape = Shape::published();

@@ -27,7 +27,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::gdn::delta_rule::gdn_delta_rule;
 use engine::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
@@ -179,15 +179,7 @@ fn random_proj(rng: &mut Rng) -> Vec<f32> {
 }
 
 fn bench_gdn(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("gdn bench skipped: {e}");
-            return;
-        }
-    };
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    println!("device {}: device-to-device copy {:.2} TB/s (read + write)", gpu.info().name, copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("gdn") else { return };
     let mut out = Recorder::new(&gpu, "gdn", Some(copy_bw));
     let mut rng = Rng::fresh("gdn bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::gemv_bf16::gemv_bf16;
 use flashnext::bench::{Recorder, Sample, Unit, percentile};
@@ -106,22 +106,7 @@ fn graph(gpu: &Gpu, b: &mut Buffers, tiles: gemv_bf16::Tiles, rows: usize, cols:
 }
 
 fn bench_gemv(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("gemv bench skipped: {e}");
-            return;
-        }
-    };
-    let info = gpu.info().clone();
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    println!(
-        "device {} ({} SMs, {} MB L2): device-to-device copy {:.2} TB/s (read + write)",
-        info.name,
-        info.sm_count,
-        info.l2_bytes >> 20,
-        copy_bw / 1e12
-    );
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("gemv") else { return };
     let mut rec = Recorder::new(&gpu, "gemv", Some(copy_bw));
     let mut rng = Rng::fresh("gemv bench");
 

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::kernels::gemv_nvfp4::gemv_nvfp4;
@@ -193,16 +193,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn bench_gemv_nvfp4(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("gemv_nvfp4 bench skipped: {e}");
-            return;
-        }
-    };
-    let info = gpu.info().clone();
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    println!("device {} ({} SMs): device-to-device copy {:.2} TB/s", info.name, info.sm_count, copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("gemv_nvfp4") else { return };
     let mut rec = Recorder::new(&gpu, "gemv_nvfp4", Some(copy_bw));
     let mut rng = Rng::fresh("gemv_nvfp4 bench");
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::kernels::lm_head::{lm_head_argmax_bf16, lm_head_argmax_nvfp4};
 use engine::layers::lm_head::{LmHead, LmHeadTiles};
@@ -79,16 +79,7 @@ fn time(gpu: &Gpu, head: &mut LmHead, x: &DeviceBuffer<bf16>) -> ((f64, f64, f64
 }
 
 fn bench_lm_head(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("lm_head bench skipped: {e}");
-            return;
-        }
-    };
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    let device = gpu.info().name.clone();
-    println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("lm_head") else { return };
     let mut sink = Recorder::new(&gpu, "lm_head", Some(copy_bw));
     let sweep = std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_none();
     let x = gpu.upload(&bf16_weights(HIDDEN)).expect("x");

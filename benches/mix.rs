@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel};
 use engine::kernels::mix::{mix_down_bf16, mix_down_nvfp4, mix_up_bf16, mix_up_nvfp4};
 use engine::layers::mix::{
@@ -112,16 +112,7 @@ fn capture(gpu: &Gpu, k: &MixKernels, launches: &[MixLaunches], stages: &[Stage]
 }
 
 fn bench_mix(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("mix bench skipped: {e}");
-            return;
-        }
-    };
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    let name = gpu.info().name.clone();
-    println!("device {name}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("mix") else { return };
     let mut rec = Recorder::new(&gpu, "mix", Some(copy_bw));
     let mut rng = Rng::fresh("mix bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::moe::{
     ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice, Stage,
@@ -110,16 +110,7 @@ fn bf16_layer(
 }
 
 fn bench_moe(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("moe bench skipped: {e}");
-            return;
-        }
-    };
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    let name = gpu.info().name.clone();
-    println!("device {name}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("moe") else { return };
     let mut rec = Recorder::new(&gpu, "moe", Some(copy_bw));
     let mut rng = Rng::fresh("moe bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");

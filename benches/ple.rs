@@ -233,13 +233,7 @@ fn bench_rows(
 }
 
 fn main() {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("ple bench skipped: {e}");
-            return;
-        }
-    };
+    let Some(gpu) = flashnext::bench::open_gpu("ple") else { return };
     let mut out = Recorder::new(&gpu, "ple", None);
     let mut rng = Rng::fresh("ple bench");
     let ki = gpu.kernel::<ple_ids::Kernel>(ple_ids::Tiles::DEFAULT).expect("compile");

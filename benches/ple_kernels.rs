@@ -38,7 +38,6 @@ use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::copy_bandwidth;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::ple::gate_conv::ple_gate_conv;
 use engine::kernels::ple::ids::ple_ids;
@@ -259,22 +258,7 @@ fn bench_gate_conv(gpu: &Gpu, rec: &mut Recorder, group: &mut BenchmarkGroup<'_,
 }
 
 fn bench_ple_kernels(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("ple_kernels bench skipped: {e}");
-            return;
-        }
-    };
-    let info = gpu.info().clone();
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    println!(
-        "device {} ({} SMs, L2 {:.0} MB): device-to-device copy {:.2} TB/s",
-        info.name,
-        info.sm_count,
-        info.l2_bytes as f64 / 1e6,
-        copy_bw / 1e12
-    );
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("ple_kernels") else { return };
     let mut rec = Recorder::new(&gpu, "ple_kernels", Some(copy_bw));
     let mut rng = Rng::fresh("ple_kernels bench");
     let mut group = c.benchmark_group("ple_kernels");

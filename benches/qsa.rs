@@ -22,7 +22,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
 use engine::kernels::qsa::attention::qsa_attention;
 use engine::kernels::qsa::block_scores::qsa_block_scores;
@@ -60,16 +60,7 @@ impl Sink {
 }
 
 fn bench_qsa(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("qsa bench skipped: {e}");
-            return;
-        }
-    };
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    let device = gpu.info().name.clone();
-    println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("qsa") else { return };
     let mut sink = Sink(Recorder::new(&gpu, "qsa", Some(copy_bw)));
     let mut rng = Rng::fresh("qsa bench");
     let profile = std::env::var_os("FLASHNEXT_BENCH_PROFILE").is_some();

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use engine::cuda::timing::{EventTimer, copy_bandwidth};
+use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel};
 use engine::layers::matrix::MatrixOnDevice;
 use engine::layers::qsa::{
@@ -142,16 +142,7 @@ fn stage_bytes(stage: Stage, position: usize) -> usize {
 }
 
 fn bench_qsa_layer(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("qsa layer bench skipped: {e}");
-            return;
-        }
-    };
-    let copy_bw = copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
-    let device = gpu.info().name.clone();
-    println!("device {device}: device-to-device copy {:.2} TB/s (read + write)", copy_bw / 1e12);
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("qsa layer") else { return };
     let mut sink = Sink(Recorder::new(&gpu, "qsa_layer", Some(copy_bw)));
     let mut rng = Rng::fresh("qsa layer bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("compile");

@@ -49,13 +49,7 @@ fn time(gpu: &Gpu, s: &mut Sampler, logits: &DeviceBuffer<f32>) -> [(f64, f64, f
 }
 
 fn bench_sample(c: &mut Criterion) {
-    let gpu = match Gpu::open(0) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("sample bench skipped: {e}");
-            return;
-        }
-    };
+    let Some(gpu) = flashnext::bench::open_gpu("sample") else { return };
     let device = gpu.info().name.clone();
     println!("device {device}: sampling over {VOCAB} logits");
     let mut rec = Recorder::new(&gpu, "sample", None);

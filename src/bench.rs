@@ -11,6 +11,34 @@ use kernel_dsl::KernelDef;
 use serde::{Deserialize, Serialize};
 
 /// The value at fraction `p` of an ascending slice (nearest rank).
+/// GPU 0 for the bench `name`, or None after a line saying why the bench is skipped (no device,
+/// no driver): every bench starts here, so that each runs anywhere and says what it skipped.
+pub fn open_gpu(name: &str) -> Option<Gpu> {
+    match Gpu::open(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("{name} bench skipped: {e}");
+            None
+        }
+    }
+}
+
+/// [`open_gpu`], then the device's copy bandwidth (1 GiB device-to-device copies, read + write
+/// counted), which the records compare each figure with; prints the device line.
+pub fn open_gpu_with_copy_bandwidth(name: &str) -> Option<(Gpu, f64)> {
+    let gpu = open_gpu(name)?;
+    let copy_bw = engine::cuda::timing::copy_bandwidth(&gpu, 1 << 30).expect("copy bandwidth");
+    let info = gpu.info();
+    println!(
+        "device {} ({} SMs, {} MB L2): device-to-device copy {:.2} TB/s (read + write)",
+        info.name,
+        info.sm_count,
+        info.l2_bytes >> 20,
+        copy_bw / 1e12
+    );
+    Some((gpu, copy_bw))
+}
+
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
