@@ -105,7 +105,8 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_bf16(
     if (row0 < rows) {
         float acc[2] = {};
         #pragma unroll 2
-        for (unsigned k = (threadIdx.x & 31u) * 8u; k < hidden; k += 256u) {
+        for (unsigned __k_i = 0u, __k_n = hidden > (threadIdx.x & 31u) * 8u ? (hidden - (threadIdx.x & 31u) * 8u - 1u) / 256u + 1u : 0u; __k_i < __k_n; ++__k_i) {
+            const unsigned k = (threadIdx.x & 31u) * 8u + __k_i * 256u;
             const uint4 xv_1 = *reinterpret_cast<const uint4*>(x + k);
             #pragma unroll
             for (unsigned r = 0u; r < 2u; ++r) {

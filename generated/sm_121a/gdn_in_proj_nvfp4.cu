@@ -130,7 +130,8 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     float acc[2] = {};
     if (row0 < rows) {
         #pragma unroll 1
-        for (unsigned c = (threadIdx.x & 31u) * 16u; c < hidden; c += 512u) {
+        for (unsigned __c_i = 0u, __c_n = hidden > (threadIdx.x & 31u) * 16u ? (hidden - (threadIdx.x & 31u) * 16u - 1u) / 512u + 1u : 0u; __c_i < __c_n; ++__c_i) {
+            const unsigned c = (threadIdx.x & 31u) * 16u + __c_i * 512u;
             float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float4 x1 = x0;
             float4 x2 = x0;

@@ -251,12 +251,14 @@ extern "C" __global__ void __launch_bounds__(128) gdn_state_update(
     __syncthreads();
     if (last[0u] == 1u) {
         float sum_sq = 0.0f;
-        for (unsigned j = threadIdx.x; j < dv; j += 128u) {
+        for (unsigned __j_i = 0u, __j_n = dv > threadIdx.x ? (dv - threadIdx.x - 1u) / 128u + 1u : 0u; __j_i < __j_n; ++__j_i) {
+            const unsigned j = threadIdx.x + __j_i * 128u;
             const float v_2 = ld_cg(o + (head * dv + j));
             sum_sq += v_2 * v_2;
         }
         const float scale = rsqrtf(block_sum(sum_sq, scratch) / (float)dv + eps);
-        for (unsigned j = threadIdx.x; j < dv; j += 128u) {
+        for (unsigned __j_i = 0u, __j_n = dv > threadIdx.x ? (dv - threadIdx.x - 1u) / 128u + 1u : 0u; __j_i < __j_n; ++__j_i) {
+            const unsigned j = threadIdx.x + __j_i * 128u;
             const float g = proj[z_base + j];
             const float act = sigmoid_gate ? sigmoid(g) : silu(g);
             y[head * dv + j] = f32_to_bf16(bf16_to_f32(norm_w[j]) * (ld_cg(o + (head * dv + j)) * scale) * act);

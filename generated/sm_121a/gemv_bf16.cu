@@ -76,7 +76,8 @@ extern "C" __global__ void __launch_bounds__(128) gemv_bf16(
     float acc[2] = {};
     if (active) {
         #pragma unroll 2
-        for (unsigned k = k_begin + (threadIdx.x & 31u) * 8u; k < k_begin + k_len; k += 256u) {
+        for (unsigned __k_i = 0u, __k_n = k_begin + k_len > k_begin + (threadIdx.x & 31u) * 8u ? (k_begin + k_len - (k_begin + (threadIdx.x & 31u) * 8u) - 1u) / 256u + 1u : 0u; __k_i < __k_n; ++__k_i) {
+            const unsigned k = k_begin + (threadIdx.x & 31u) * 8u + __k_i * 256u;
             const uint4 xv = *reinterpret_cast<const uint4*>(x + k);
             #pragma unroll
             for (unsigned r = 0u; r < 2u; ++r) {

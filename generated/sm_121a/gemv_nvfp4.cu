@@ -135,7 +135,8 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
     const unsigned k_begin = split * k_len;
     __shared__ __align__(16) unsigned xs[4096];
     __shared__ __align__(16) float xsc[512];
-    for (unsigned chunk = threadIdx.x; chunk < k_len / 16u; chunk += 128u) {
+    for (unsigned __chunk_i = 0u, __chunk_n = k_len / 16u > threadIdx.x ? (k_len / 16u - threadIdx.x - 1u) / 128u + 1u : 0u; __chunk_i < __chunk_n; ++__chunk_i) {
+        const unsigned chunk = threadIdx.x + __chunk_i * 128u;
         const uint4 lo = *reinterpret_cast<const uint4*>(x + (k_begin + chunk * 16u));
         const uint4 hi = *reinterpret_cast<const uint4*>(x + (k_begin + chunk * 16u + 8u));
         const float2 a = bf16x2_to_float2(lo.x);
@@ -178,7 +179,8 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
     float acc = 0.0f;
     if (active) {
         #pragma unroll 4
-        for (unsigned c = lane * 16u; c < k_len; c += 256u) {
+        for (unsigned __c_i = 0u, __c_n = k_len > lane * 16u ? (k_len - lane * 16u - 1u) / 256u + 1u : 0u; __c_i < __c_n; ++__c_i) {
+            const unsigned c = lane * 16u + __c_i * 256u;
             const unsigned at = c / 2u;
             const uint4 xa = make_uint4(xs[at], xs[at + 1u], xs[at + 2u], xs[at + 3u]);
             const uint4 xb = make_uint4(xs[at + 4u], xs[at + 5u], xs[at + 6u], xs[at + 7u]);

@@ -73,14 +73,16 @@ extern "C" __global__ void __launch_bounds__(128) moe_down_bf16(
     float total[1] = {};
     if (active) {
         #pragma unroll 4
-        for (unsigned k = group; k < top_k + 1u; k += 2u) {
+        for (unsigned __k_i = 0u, __k_n = top_k + 1u > group ? (top_k + 1u - group - 1u) / 2u + 1u : 0u; __k_i < __k_n; ++__k_i) {
+            const unsigned k = group + __k_i * 2u;
             const bool routed = k < top_k;
             const unsigned expert = routed ? ids[k] : experts;
             const unsigned cols = routed ? inter : shared_inter;
             const unsigned first = expert * hidden * inter;
             const float factor = weights[k];
             #pragma unroll 4
-            for (unsigned c = lane * 8u; c < cols; c += 128u) {
+            for (unsigned __c_i = 0u, __c_n = cols > lane * 8u ? (cols - lane * 8u - 1u) / 128u + 1u : 0u; __c_i < __c_n; ++__c_i) {
+                const unsigned c = lane * 8u + __c_i * 128u;
                 const uint4 hv = *reinterpret_cast<const uint4*>(h + (k * h_stride + c));
                 #pragma unroll
                 for (unsigned r = 0u; r < 1u; ++r) {

@@ -82,7 +82,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_gate_up_bf16(
     float u_acc[1] = {};
     if (active) {
         #pragma unroll 4
-        for (unsigned c = lane * 8u; c < hidden; c += 256u) {
+        for (unsigned __c_i = 0u, __c_n = hidden > lane * 8u ? (hidden - lane * 8u - 1u) / 256u + 1u : 0u; __c_i < __c_n; ++__c_i) {
+            const unsigned c = lane * 8u + __c_i * 256u;
             const uint4 xv = *reinterpret_cast<const uint4*>(x + c);
             #pragma unroll
             for (unsigned r = 0u; r < 1u; ++r) {

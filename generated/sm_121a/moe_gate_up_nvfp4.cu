@@ -150,7 +150,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_gate_up_nvfp4(
     float u_acc[1] = {};
     if (active) {
         #pragma unroll 2
-        for (unsigned c = lane * 16u; c < hidden; c += 256u) {
+        for (unsigned __c_i = 0u, __c_n = hidden > lane * 16u ? (hidden - lane * 16u - 1u) / 256u + 1u : 0u; __c_i < __c_n; ++__c_i) {
+            const unsigned c = lane * 16u + __c_i * 256u;
             const uint4 xa = *reinterpret_cast<const uint4*>(x_staged + c / 8u);
             const uint4 xb = *reinterpret_cast<const uint4*>(x_staged + (c / 8u + 1u));
             const float xs = x_scale[c / 16u];

@@ -153,7 +153,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
     if (e < experts) {
         float acc = 0.0f;
         #pragma unroll 8
-        for (unsigned k = (threadIdx.x & 31u) * 8u; k < hidden; k += 256u) {
+        for (unsigned __k_i = 0u, __k_n = hidden > (threadIdx.x & 31u) * 8u ? (hidden - (threadIdx.x & 31u) * 8u - 1u) / 256u + 1u : 0u; __k_i < __k_n; ++__k_i) {
+            const unsigned k = (threadIdx.x & 31u) * 8u + __k_i * 256u;
             acc += dot_bf16x8(
                 ld_stream_u32x4(router + (e * hidden + k)),
                 *reinterpret_cast<const uint4*>(x + k));
@@ -165,7 +166,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
     } else if (e == experts) {
         float acc_1 = 0.0f;
         #pragma unroll 8
-        for (unsigned k = (threadIdx.x & 31u) * 8u; k < hidden; k += 256u) {
+        for (unsigned __k_i = 0u, __k_n = hidden > (threadIdx.x & 31u) * 8u ? (hidden - (threadIdx.x & 31u) * 8u - 1u) / 256u + 1u : 0u; __k_i < __k_n; ++__k_i) {
+            const unsigned k = (threadIdx.x & 31u) * 8u + __k_i * 256u;
             acc_1 += dot_bf16x8(
                 *reinterpret_cast<const uint4*>(shared_gate + k),
                 *reinterpret_cast<const uint4*>(x + k));

@@ -28,7 +28,8 @@ extern "C" __global__ void __launch_bounds__(128) ple_ids(
 {
     const unsigned context = ngram_size - 1u;
     const unsigned current = token[0u];
-    for (unsigned i = threadIdx.x; i < layers * heads; i += 128u) {
+    for (unsigned __i_i = 0u, __i_n = layers * heads > threadIdx.x ? (layers * heads - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x + __i_i * 128u;
         const unsigned layer = i / heads;
         const unsigned order = 2u + i % heads / heads_per_ngram;
         unsigned long long mix = (unsigned long long)current * multipliers[layer * ngram_size];

@@ -82,16 +82,19 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned t0 = split * 16u;
     const unsigned len = t0 < total ? min(16u, total - t0) : 0u;
     const unsigned row_stride = kv_heads * head_dim;
-    for (unsigned i = threadIdx.x; i < group * head_dim; i += 128u) {
+    for (unsigned __i_i = 0u, __i_n = group * head_dim > threadIdx.x ? (group * head_dim - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x + __i_i * 128u;
         qs[i] = q[kvh * group * head_dim + i];
     }
-    for (unsigned i = threadIdx.x; i < len; i += 128u) {
+    for (unsigned __i_i = 0u, __i_n = len > threadIdx.x ? (len - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x + __i_i * 128u;
         const unsigned j = t0 + i;
         const unsigned token = j < chosen ? selected[j / c] * c + j % c : complete * c + (j - chosen);
         rows[i] = token * row_stride + kvh * head_dim;
     }
     __syncthreads();
-    for (unsigned i = threadIdx.x >> 5; i < len; i += 4u) {
+    for (unsigned __i_i = 0u, __i_n = len > threadIdx.x >> 5 ? (len - (threadIdx.x >> 5) - 1u) / 4u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = (threadIdx.x >> 5) + __i_i * 4u;
         const unsigned d0 = (threadIdx.x & 31u) * per_lane;
         float k[8] = {};
         if (per_lane == 8u) {

@@ -65,12 +65,14 @@ extern "C" __global__ void __launch_bounds__(32) qsa_attention_combine(
     const unsigned d = 2u * (blockIdx.y * 32u + threadIdx.x);
     const unsigned base = head * splits;
     float m = -__uint_as_float(0x7f800000u);
-    for (unsigned s = threadIdx.x & 31u; s < splits; s += 32u) {
+    for (unsigned __s_i = 0u, __s_n = splits > (threadIdx.x & 31u) ? (splits - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __s_i < __s_n; ++__s_i) {
+        const unsigned s = (threadIdx.x & 31u) + __s_i * 32u;
         m = fmaxf(m, partial_ml[2u * (base + s)]);
     }
     m = warp_max(m);
     float sum = 0.0f;
-    for (unsigned s = threadIdx.x & 31u; s < splits; s += 32u) {
+    for (unsigned __s_i = 0u, __s_n = splits > (threadIdx.x & 31u) ? (splits - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __s_i < __s_n; ++__s_i) {
+        const unsigned s = (threadIdx.x & 31u) + __s_i * 32u;
         const float2 ml = *reinterpret_cast<const float2*>(partial_ml + 2u * (base + s));
         const float w = ml.x == -__uint_as_float(0x7f800000u) ? 0.0f : expf(ml.x - m);
         sum += w * ml.y;

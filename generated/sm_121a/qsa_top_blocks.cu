@@ -37,7 +37,8 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
     const unsigned tid = threadIdx.x;
     const unsigned n = min(n_blocks[0u], capacity);
     if (n <= top) {
-        for (unsigned i = tid; i < top; i += 512u) {
+        for (unsigned __i_i = 0u, __i_n = top > tid ? (top - tid - 1u) / 512u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = tid + __i_i * 512u;
             selected[i] = i < n ? i : 0xffffffffu;
         }
         if (tid == 0u) {
@@ -51,12 +52,14 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
     for (unsigned pass = 0u; pass < 3u; ++pass) {
         const unsigned shift = pass == 0u ? 21u : (pass == 1u ? 10u : 0u);
         const unsigned digit_mask = pass == 2u ? 0x3ffu : 0x7ffu;
-        for (unsigned b = tid; b < 2048u; b += 512u) {
+        for (unsigned __b_i = 0u, __b_n = 2048u > tid ? (2048u - tid - 1u) / 512u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+            const unsigned b = tid + __b_i * 512u;
             hist[b] = 0u;
         }
         __syncthreads();
         #pragma unroll 4
-        for (unsigned i = tid * 4u; i < n; i += 2048u) {
+        for (unsigned __i_i = 0u, __i_n = n > tid * 4u ? (n - tid * 4u - 1u) / 2048u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = tid * 4u + __i_i * 2048u;
             const float4 v = *reinterpret_cast<const float4*>(scores + i);
             const unsigned b0 = __float_as_uint(v.x);
             const unsigned b1 = __float_as_uint(v.y);
@@ -131,7 +134,8 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
     }
     unsigned above_before = 0u;
     unsigned ties_before = 0u;
-    for (unsigned base = 0u; base < n; base += 8192u) {
+    for (unsigned __base_i = 0u, __base_n = n > 0u ? (n - 0u - 1u) / 8192u + 1u : 0u; __base_i < __base_n; ++__base_i) {
+        const unsigned base = 0u + __base_i * 8192u;
         const unsigned i0 = base + tid * 16u;
         unsigned keys[16] = {};
         #pragma unroll

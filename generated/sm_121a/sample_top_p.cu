@@ -94,7 +94,8 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
     const unsigned tid = threadIdx.x;
     const unsigned block = blockIdx.x;
     grid_dependency_wait();
-    for (unsigned i = tid; i < 80u; i += 256u) {
+    for (unsigned __i_i = 0u, __i_n = 80u > tid ? (80u - tid - 1u) / 256u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = tid + __i_i * 256u;
         mass[block * 80u + i] = 0ull;
         scratch[block * 80u + i] = 0u;
     }
@@ -172,7 +173,9 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
         const unsigned digit_mask = pass == 2u ? 0x3ffu : 0x7ffu;
         const unsigned region = pass == 0u ? 0u : sel * 2u + pass;
         if (sel == 0u || pass != 0u) {
-            for (unsigned b = tid; b < 2048u; b += 256u) {
+            #pragma unroll 1
+            for (unsigned __b_i = 0u, __b_n = 2048u > tid ? (2048u - tid - 1u) / 256u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+                const unsigned b = tid + __b_i * 256u;
                 hist_mass[b] = 0ull;
                 hist_count[b] = 0u;
             }
@@ -191,7 +194,9 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
                 }
             }
             __syncthreads();
-            for (unsigned b = tid; b < 2048u; b += 256u) {
+            #pragma unroll 1
+            for (unsigned __b_i = 0u, __b_n = 2048u > tid ? (2048u - tid - 1u) / 256u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+                const unsigned b = tid + __b_i * 256u;
                 const unsigned c = hist_count[b];
                 if (c != 0u) {
                     atomicAdd(scratch + (region * 2048u + b), c);

@@ -55,7 +55,8 @@ extern "C" __global__ void __launch_bounds__(256) zc_rmsnorm(
     const unsigned base = blockIdx.x * group_len;
     const unsigned stride = 2048u;
     float sum_sq = 0.0f;
-    for (unsigned i = threadIdx.x * 8u; i < group_len; i += stride) {
+    for (unsigned __i_i = 0u, __i_n = group_len > threadIdx.x * 8u ? (group_len - threadIdx.x * 8u - 1u) / stride + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x * 8u + __i_i * stride;
         const uint4 v = *reinterpret_cast<const uint4*>(x + (base + i));
         const float2 a = bf16x2_to_float2(v.x);
         const float2 b = bf16x2_to_float2(v.y);
@@ -66,7 +67,8 @@ extern "C" __global__ void __launch_bounds__(256) zc_rmsnorm(
     }
     const float total = block_sum(sum_sq, scratch);
     const float scale = rsqrtf(total / (float)group_len + eps);
-    for (unsigned i = threadIdx.x * 8u; i < group_len; i += stride) {
+    for (unsigned __i_i = 0u, __i_n = group_len > threadIdx.x * 8u ? (group_len - threadIdx.x * 8u - 1u) / stride + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x * 8u + __i_i * stride;
         const uint4 v_1 = *reinterpret_cast<const uint4*>(x + (base + i));
         const uint4 g = *reinterpret_cast<const uint4*>(w + (base + i));
         const float2 x0 = bf16x2_to_float2(v_1.x);

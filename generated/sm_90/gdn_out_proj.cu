@@ -126,15 +126,18 @@ extern "C" __global__ void __launch_bounds__(128) gdn_out_proj(
     grid_dependency_wait();
     launch_dependents();
     const unsigned h0 = k_begin / dv;
-    for (unsigned hh = threadIdx.x >> 5; hh < 1536u / dv; hh += 4u) {
+    for (unsigned __hh_i = 0u, __hh_n = 1536u / dv > threadIdx.x >> 5 ? (1536u / dv - (threadIdx.x >> 5) - 1u) / 4u + 1u : 0u; __hh_i < __hh_n; ++__hh_i) {
+        const unsigned hh = (threadIdx.x >> 5) + __hh_i * 4u;
         const unsigned base = (h0 + hh) * dv;
         float sum_sq = 0.0f;
-        for (unsigned j = 2u * (threadIdx.x & 31u); j < dv; j += 64u) {
+        for (unsigned __j_i = 0u, __j_n = dv > 2u * (threadIdx.x & 31u) ? (dv - 2u * (threadIdx.x & 31u) - 1u) / 64u + 1u : 0u; __j_i < __j_n; ++__j_i) {
+            const unsigned j = 2u * (threadIdx.x & 31u) + __j_i * 64u;
             const float2 v = *reinterpret_cast<const float2*>(o + (base + j));
             sum_sq += v.x * v.x + v.y * v.y;
         }
         const float scale = rsqrtf(warp_sum(sum_sq) / (float)dv + eps);
-        for (unsigned j = 2u * (threadIdx.x & 31u); j < dv; j += 64u) {
+        for (unsigned __j_i = 0u, __j_n = dv > 2u * (threadIdx.x & 31u) ? (dv - 2u * (threadIdx.x & 31u) - 1u) / 64u + 1u : 0u; __j_i < __j_n; ++__j_i) {
+            const unsigned j = 2u * (threadIdx.x & 31u) + __j_i * 64u;
             const float2 v_1 = *reinterpret_cast<const float2*>(o + (base + j));
             const float2 g = *reinterpret_cast<const float2*>(proj + (z_offset + base + j));
             const float a0 = sigmoid_gate ? sigmoid(g.x) : silu(g.x);

@@ -67,11 +67,13 @@ extern "C" __global__ void __launch_bounds__(256) lm_head_argmax_bf16(
 {
     unsigned key = 0u;
     unsigned row = 0xffffffffu;
-    for (unsigned tile = blockIdx.x * 8u + (threadIdx.x >> 5); tile < vocab / 2u; tile += blocks * 8u) {
+    for (unsigned __tile_i = 0u, __tile_n = vocab / 2u > blockIdx.x * 8u + (threadIdx.x >> 5) ? (vocab / 2u - (blockIdx.x * 8u + (threadIdx.x >> 5)) - 1u) / (blocks * 8u) + 1u : 0u; __tile_i < __tile_n; ++__tile_i) {
+        const unsigned tile = blockIdx.x * 8u + (threadIdx.x >> 5) + __tile_i * (blocks * 8u);
         const unsigned row0 = tile * 2u;
         float acc[2] = {};
         #pragma unroll 4
-        for (unsigned k = (threadIdx.x & 31u) * 8u; k < hidden; k += 256u) {
+        for (unsigned __k_i = 0u, __k_n = hidden > (threadIdx.x & 31u) * 8u ? (hidden - (threadIdx.x & 31u) * 8u - 1u) / 256u + 1u : 0u; __k_i < __k_n; ++__k_i) {
+            const unsigned k = (threadIdx.x & 31u) * 8u + __k_i * 256u;
             const uint4 xv = *reinterpret_cast<const uint4*>(x + k);
             #pragma unroll
             for (unsigned r = 0u; r < 2u; ++r) {
@@ -120,7 +122,8 @@ extern "C" __global__ void __launch_bounds__(256) lm_head_argmax_bf16(
     }
     unsigned fk = 0u;
     unsigned fr = 0xffffffffu;
-    for (unsigned b = threadIdx.x & 31u; b < blocks; b += 32u) {
+    for (unsigned __b_i = 0u, __b_n = blocks > (threadIdx.x & 31u) ? (blocks - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+        const unsigned b = (threadIdx.x & 31u) + __b_i * 32u;
         const unsigned k_3 = ld_cg(best_key + b);
         const unsigned r_2 = ld_cg(best_row + b);
         if (k_3 > fk || (k_3 == fk && r_2 < fr)) {

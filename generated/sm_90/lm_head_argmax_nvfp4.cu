@@ -125,7 +125,8 @@ extern "C" __global__ void __launch_bounds__(256) lm_head_argmax_nvfp4(
 {
     __shared__ __align__(16) unsigned xs[2048];
     __shared__ __align__(16) float xsc[256];
-    for (unsigned chunk = threadIdx.x; chunk < hidden / 16u; chunk += 256u) {
+    for (unsigned __chunk_i = 0u, __chunk_n = hidden / 16u > threadIdx.x ? (hidden / 16u - threadIdx.x - 1u) / 256u + 1u : 0u; __chunk_i < __chunk_n; ++__chunk_i) {
+        const unsigned chunk = threadIdx.x + __chunk_i * 256u;
         const uint4 lo = *reinterpret_cast<const uint4*>(x + chunk * 16u);
         const uint4 hi = *reinterpret_cast<const uint4*>(x + (chunk * 16u + 8u));
         const float2 a = bf16x2_to_float2(lo.x);
@@ -166,10 +167,12 @@ extern "C" __global__ void __launch_bounds__(256) lm_head_argmax_nvfp4(
     const unsigned groups = 16u;
     unsigned key = 0u;
     unsigned row = 0xffffffffu;
-    for (unsigned r = blockIdx.x * groups + threadIdx.x / 16u; r < vocab; r += blocks * groups) {
+    for (unsigned __r_i = 0u, __r_n = vocab > blockIdx.x * groups + threadIdx.x / 16u ? (vocab - (blockIdx.x * groups + threadIdx.x / 16u) - 1u) / (blocks * groups) + 1u : 0u; __r_i < __r_n; ++__r_i) {
+        const unsigned r = blockIdx.x * groups + threadIdx.x / 16u + __r_i * (blocks * groups);
         float acc = 0.0f;
         #pragma unroll 4
-        for (unsigned c = lane * 16u; c < hidden; c += 256u) {
+        for (unsigned __c_i = 0u, __c_n = hidden > lane * 16u ? (hidden - lane * 16u - 1u) / 256u + 1u : 0u; __c_i < __c_n; ++__c_i) {
+            const unsigned c = lane * 16u + __c_i * 256u;
             const unsigned at = c / 2u;
             const uint4 xa = make_uint4(xs[at], xs[at + 1u], xs[at + 2u], xs[at + 3u]);
             const uint4 xb = make_uint4(xs[at + 4u], xs[at + 5u], xs[at + 6u], xs[at + 7u]);
@@ -223,7 +226,8 @@ extern "C" __global__ void __launch_bounds__(256) lm_head_argmax_nvfp4(
     }
     unsigned fk = 0u;
     unsigned fr = 0xffffffffu;
-    for (unsigned b = threadIdx.x & 31u; b < blocks; b += 32u) {
+    for (unsigned __b_i = 0u, __b_n = blocks > (threadIdx.x & 31u) ? (blocks - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+        const unsigned b = (threadIdx.x & 31u) + __b_i * 32u;
         const unsigned k_2 = ld_cg(best_key + b);
         const unsigned r_2 = ld_cg(best_row + b);
         if (k_2 > fk || (k_2 == fk && r_2 < fr)) {

@@ -157,7 +157,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_down_nvfp4(
     const unsigned tasks = top_k * routed_chunks + shared_inter / 16u;
     float total[1] = {};
     #pragma unroll 2
-    for (unsigned t = threadIdx.x & 31u; t < tasks; t += 32u) {
+    for (unsigned __t_i = 0u, __t_n = tasks > (threadIdx.x & 31u) ? (tasks - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __t_i < __t_n; ++__t_i) {
+        const unsigned t = (threadIdx.x & 31u) + __t_i * 32u;
         const unsigned k_1 = min(t / routed_chunks, top_k);
         const unsigned chunk = t - k_1 * routed_chunks;
         const unsigned cols_1 = k_1 < top_k ? inter : shared_inter;

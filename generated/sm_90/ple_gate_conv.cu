@@ -91,7 +91,8 @@ extern "C" __global__ void __launch_bounds__(256) ple_gate_conv(
     float qq = 0.0f;
     float kq = 0.0f;
     float vv = 0.0f;
-    for (unsigned i = threadIdx.x; i < d; i += 256u) {
+    for (unsigned __i_i = 0u, __i_n = d > threadIdx.x ? (d - threadIdx.x - 1u) / 256u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x + __i_i * 256u;
         const float k = bf16_to_f32(proj[base + i]);
         const float q = post ? bf16_to_f32(f32_to_bf16(fmaf(omega, bf16_to_f32(y[i]), bf16_to_f32(streams_in[base + i])))) : bf16_to_f32(streams_in[base + i]);
         const float v = bf16_to_f32(proj[nd + i]);
@@ -112,7 +113,8 @@ extern "C" __global__ void __launch_bounds__(256) ple_gate_conv(
     const unsigned depth = (kernel_size - 1u) * dilation;
     const unsigned slice = d / 4u;
     const unsigned begin = blockIdx.y * slice;
-    for (unsigned i = begin + threadIdx.x; i < begin + slice; i += 256u) {
+    for (unsigned __i_i = 0u, __i_n = begin + slice > begin + threadIdx.x ? (begin + slice - (begin + threadIdx.x) - 1u) / 256u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = begin + threadIdx.x + __i_i * 256u;
         const unsigned c = base + i;
         float kept[16] = {};
         #pragma unroll

@@ -35,7 +35,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
     if (blockIdx.x * keys_per_block >= n) {
         return;
     }
-    for (unsigned i = threadIdx.x; i < heads * dim; i += 128u) {
+    for (unsigned __i_i = 0u, __i_n = heads * dim > threadIdx.x ? (heads * dim - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x + __i_i * 128u;
         q[i] = index_q[i];
     }
     __syncthreads();
@@ -43,7 +44,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
     const unsigned sub = threadIdx.x % 8u;
     const unsigned row = key < n ? key : 0u;
     float acc[8] = {};
-    for (unsigned c = sub * 4u; c < dim; c += 32u) {
+    for (unsigned __c_i = 0u, __c_n = dim > sub * 4u ? (dim - sub * 4u - 1u) / 32u + 1u : 0u; __c_i < __c_n; ++__c_i) {
+        const unsigned c = sub * 4u + __c_i * 32u;
         const float4 k = *reinterpret_cast<const float4*>(block_keys + (row * dim + c));
         #pragma unroll
         for (unsigned j = 0u; j < 8u; ++j) {

@@ -94,7 +94,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
     const unsigned iq_base = v_base + kv_heads * head_dim;
     const unsigned ik_base = iq_base + index_heads * index_dim;
     if (b == q_heads + kv_heads) {
-        for (unsigned i = tid; i < kv_heads * head_dim; i += threads) {
+        for (unsigned __i_i = 0u, __i_n = kv_heads * head_dim > tid ? (kv_heads * head_dim - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = tid + __i_i * threads;
             v_cache[pos * kv_heads * head_dim + i] = proj[v_base + i];
         }
         return;
@@ -105,13 +106,15 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
     const unsigned src = kind == 0u ? head * 2u * head_dim : (kind == 1u ? k_base + head * head_dim : (kind == 2u ? iq_base + head * index_dim : ik_base));
     const unsigned block = pos / block_tokens;
     if (kind == 3u) {
-        for (unsigned i = tid; i < len; i += threads) {
+        for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = tid + __i_i * threads;
             index_keys[pos * index_dim + i] = bf16_to_f32(proj[src + i]);
         }
         if ((pos + 1u) % block_tokens != 0u) {
             return;
         }
-        for (unsigned i = tid; i < len; i += threads) {
+        for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = tid + __i_i * threads;
             float sum = 0.0f;
             for (unsigned t = 0u; t < block_tokens; ++t) {
                 sum += index_keys[(block * block_tokens + t) * index_dim + i];
@@ -119,24 +122,28 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
             buf[i] = sum / (float)block_tokens;
         }
     } else {
-        for (unsigned i = tid; i < len; i += threads) {
+        for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = tid + __i_i * threads;
             buf[i] = bf16_to_f32(proj[src + i]);
         }
     }
     float sum_sq = 0.0f;
-    for (unsigned i = tid; i < len; i += threads) {
+    for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = tid + __i_i * threads;
         sum_sq += buf[i] * buf[i];
     }
     const float total = block_sum(sum_sq, scratch);
     const float scale = rsqrtf(total / (float)len + eps);
-    for (unsigned i = tid; i < len; i += threads) {
+    for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = tid + __i_i * threads;
         const float w = kind == 0u ? bf16_to_f32(q_norm[i]) : (kind == 1u ? bf16_to_f32(k_norm[i]) : (kind == 2u ? bf16_to_f32(index_q_norm[i]) : bf16_to_f32(index_k_norm[i])));
         buf[i] = buf[i] * scale * (1.0f + w);
     }
     __syncthreads();
     const unsigned half = rotary / 2u;
     const unsigned at = kind == 3u ? block * block_tokens : pos;
-    for (unsigned i = tid; i < len; i += threads) {
+    for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = tid + __i_i * threads;
         float out = buf[i];
         if (i < rotary) {
             const unsigned j = i < half ? i : i - half;

@@ -76,7 +76,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
     const unsigned block = blockIdx.x;
     const unsigned n = min(n_blocks[0u], capacity);
     if (n <= top) {
-        for (unsigned i = block * 256u + tid; i < top; i += 16384u) {
+        for (unsigned __i_i = 0u, __i_n = top > block * 256u + tid ? (top - (block * 256u + tid) - 1u) / 16384u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = block * 256u + tid + __i_i * 16384u;
             selected[i] = i < n ? i : 0xffffffffu;
         }
         if (block == 0u && tid == 0u) {
@@ -105,7 +106,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
     for (unsigned pass = 0u; pass < 3u; ++pass) {
         const unsigned shift = pass == 0u ? 21u : (pass == 1u ? 10u : 0u);
         const unsigned digit_mask = pass == 2u ? 0x3ffu : 0x7ffu;
-        for (unsigned b = tid; b < 2048u; b += 256u) {
+        for (unsigned __b_i = 0u, __b_n = 2048u > tid ? (2048u - tid - 1u) / 256u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+            const unsigned b = tid + __b_i * 256u;
             hist[b] = 0u;
         }
         __syncthreads();
@@ -116,7 +118,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
             }
         }
         __syncthreads();
-        for (unsigned b = tid; b < 2048u; b += 256u) {
+        for (unsigned __b_i = 0u, __b_n = 2048u > tid ? (2048u - tid - 1u) / 256u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+            const unsigned b = tid + __b_i * 256u;
             const unsigned h = hist[b];
             if (h != 0u) {
                 atomicAdd(scratch + (pass * 2048u + b), h);
@@ -277,7 +280,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
         count[0u] = top;
     }
     for (unsigned p = 0u, __p_end = passes; p < __p_end; ++p) {
-        for (unsigned i = tid; i < 32u; i += 256u) {
+        for (unsigned __i_i = 0u, __i_n = 32u > tid ? (32u - tid - 1u) / 256u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+            const unsigned i = tid + __i_i * 256u;
             scratch[p * 2048u + block * 32u + i] = 0u;
         }
     }

@@ -217,6 +217,9 @@ pub fn sample_top_p(
         let digit_mask = if pass == 2 { 1023u32 } else { 2047u32 };
         let region = if pass == 0 { 0 } else { sel * 2 + pass };
         if sel == 0 || pass != 0 {
+            // The two bin loops stay rolled: unrolled (their trip count is known since the loops
+            // are emitted counted), they cost the registers that made this kernel spill on sm_90.
+            #[unroll(1)]
             for b in (tid..2048).step_by(THREADS) {
                 hist_mass[b] = 0;
                 hist_count[b] = 0;
@@ -236,6 +239,7 @@ pub fn sample_top_p(
                 }
             }
             sync_threads();
+            #[unroll(1)]
             for b in (tid..2048).step_by(THREADS) {
                 let c = hist_count[b];
                 if c != 0 {

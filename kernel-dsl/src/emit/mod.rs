@@ -249,6 +249,47 @@ impl Emitter {
         varies
     }
 
+    /// A strided loop whose bounds are known only at run time, emitted with its trip count
+    /// computed first: `for (k = a; k < b; k += s)` in unsigned arithmetic may wrap, so NVCC cannot
+    /// count it, and unrolls it with an exit branch between the bodies; each body's loads then
+    /// wait for the one before (its uses stall the in-order issue ahead of the next loads). Counted,
+    /// the unrolled bodies are straight-line and their loads are all in flight at once. The count
+    /// `(b - a - 1) / s + 1` (0 when `b <= a`) cannot overflow, nor can `a + i * s < b`.
+    fn counted_loop(&mut self, var: &str, ty: Scalar, start: &Expr, end: &Expr, step: &Expr, body: &[Stmt]) {
+        let t = Type::Scalar(ty);
+        let name = |what: &str| format!("__{var}_{what}");
+        let mut init = format!("{} {} = {}", ty.cuda_name(), name("i"), expr(&Expr::int(0, ty)));
+        let mut once = |e: &Expr, what: &str| {
+            if self.varies(e) {
+                init.push_str(&format!(", {} = {}", name(what), expr(e)));
+                Expr::var(&name(what), t)
+            } else {
+                e.clone()
+            }
+        };
+        // Rust evaluates the range once: a start or step that can change is kept from the start.
+        let (start, step) = (once(start, "start"), once(step, "step"));
+        let one = Expr::int(1, ty);
+        let span = Expr::binary(BinOp::Sub, Expr::binary(BinOp::Sub, end.clone(), start.clone(), t), one.clone(), t);
+        let count = Expr::new(
+            ExprKind::Select(
+                Box::new(Expr::binary(BinOp::Gt, end.clone(), start.clone(), Type::BOOL)),
+                Box::new(Expr::binary(BinOp::Add, Expr::binary(BinOp::Div, span, step.clone(), t), one, t)),
+                Box::new(Expr::int(0, ty)),
+            ),
+            t,
+        );
+        init.push_str(&format!(", {} = {}", name("n"), expr(&count)));
+        let (i, n) = (name("i"), name("n"));
+        self.line(&format!("for ({init}; {i} < {n}; ++{i}) {{"));
+        self.indent += 1;
+        let value = Expr::binary(BinOp::Add, start, Expr::binary(BinOp::Mul, Expr::var(&i, t), step, t), t);
+        self.line(&format!("const {} {var} = {};", ty.cuda_name(), expr(&value)));
+        self.indent -= 1;
+        self.stmts(body);
+        self.line("}");
+    }
+
     fn line(&mut self, text: &str) {
         for _ in 0..self.indent {
             self.out.push_str("    ");
@@ -356,6 +397,10 @@ impl Emitter {
                 // every iteration. Where that could differ (a mutable variable, a load, a call),
                 // the end and step are computed once, in the loop's initialiser.
                 let v = var;
+                if step.as_lit() != Some(Lit::Int(1)) && (start.as_lit().is_none() || end.as_lit().is_none()) {
+                    self.counted_loop(var, *ty, start, end, step, body);
+                    return;
+                }
                 let mut init = format!("{} {v} = {}", ty.cuda_name(), expr(start));
                 let mut once = |e: &Expr, what: &str| {
                     if self.varies(e) {
