@@ -209,18 +209,14 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
     float s = 0.0f;
     #pragma unroll
     for (unsigned j = 0u; j < 16u; ++j) {
-        if ((threadIdx.x & 31u) + 32u * j < experts) {
-            p[j] = expf(p[j] - top);
-            s += p[j];
-        } else {
-            p[j] = -1.0f;
-        }
+        p[j] = expf(p[j] - top);
+        s += p[j];
     }
     const float total = warp_sum(s);
     unsigned key[16] = {};
     #pragma unroll
     for (unsigned j = 0u; j < 16u; ++j) {
-        key[j] = p[j] >= 0.0f ? __float_as_uint(p[j] / total) + 1u : 0u;
+        key[j] = (threadIdx.x & 31u) + 32u * j < experts ? __float_as_uint(p[j]) + 1u : 0u;
     }
     float chosen_sum = 0.0f;
     unsigned first_id = 0u;
@@ -290,13 +286,14 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
         }
         chosen_sum += bp;
     }
+    const float norm = renormalise ? chosen_sum : total;
     if ((threadIdx.x & 31u) < top_k) {
         ids[threadIdx.x & 31u] = first_id;
-        weights[threadIdx.x & 31u] = renormalise ? first_p / chosen_sum : first_p;
+        weights[threadIdx.x & 31u] = first_p / norm;
     }
     if ((threadIdx.x & 31u) + 32u < top_k) {
         ids[(threadIdx.x & 31u) + 32u] = second_id;
-        weights[(threadIdx.x & 31u) + 32u] = renormalise ? second_p / chosen_sum : second_p;
+        weights[(threadIdx.x & 31u) + 32u] = second_p / norm;
     }
     if ((threadIdx.x & 31u) == 0u) {
         weights[top_k] = sigmoid(shared_logit);

@@ -143,25 +143,23 @@ pub fn moe_router(
         top = max(top, p[j]);
     }
     top = warp_max(top);
+    // exp(-inf) = 0 for the lanes past the experts: no branch, so the exps overlap.
     let mut s = 0.0;
     #[unroll]
     for j in 0..PER_LANE {
-        if lane_id() + 32 * j < experts {
-            p[j] = exp(p[j] - top);
-            s += p[j];
-        } else {
-            p[j] = -1.0;
-        }
+        p[j] = exp(p[j] - top);
+        s += p[j];
     }
     let total = warp_sum(s);
-    // Each probability becomes a key that orders like it: its bits plus one (probabilities are
-    // in [0, 1], so the bits order as the values and cannot overflow), 0 for the lanes past the
-    // experts and for the experts already chosen, so those lose to every real probability,
-    // zero included.
+    // Each expert's key orders like its probability: the bits of exp(logit - max) plus one (in
+    // [0, 1], so the bits order as the values and cannot overflow), 0 for the lanes past the
+    // experts and for the experts already chosen, so those lose to every real expert, one whose
+    // exp underflowed to zero included. Dividing by the total is monotone, so it cannot reorder
+    // them (at most merge two neighbours by rounding); it is done once, for the chosen weights.
     let mut key = [0u32; PER_LANE];
     #[unroll]
     for j in 0..PER_LANE {
-        key[j] = if p[j] >= 0.0 { (p[j] / total).to_bits() + 1 } else { 0 };
+        key[j] = if lane_id() + 32 * j < experts { p[j].to_bits() + 1 } else { 0 };
     }
     let mut chosen_sum = 0.0;
     let (mut first_id, mut second_id) = (0u32, 0u32);
@@ -244,14 +242,16 @@ pub fn moe_router(
         }
         chosen_sum += bp;
     }
-    // The choices leave from registers, renormalised to sum to 1 when asked (top_k < 64).
+    // The choices leave from registers as probabilities, renormalised to sum to 1 when asked
+    // (top_k < 64): one division a lane.
+    let norm = if renormalise { chosen_sum } else { total };
     if lane_id() < top_k {
         ids[lane_id()] = first_id;
-        weights[lane_id()] = if renormalise { first_p / chosen_sum } else { first_p };
+        weights[lane_id()] = first_p / norm;
     }
     if lane_id() + 32 < top_k {
         ids[lane_id() + 32] = second_id;
-        weights[lane_id() + 32] = if renormalise { second_p / chosen_sum } else { second_p };
+        weights[lane_id() + 32] = second_p / norm;
     }
     if lane_id() == 0 {
         weights[top_k] = sigmoid(shared_logit);
