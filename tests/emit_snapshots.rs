@@ -303,6 +303,33 @@ pub fn control_flow(
     }
 }
 
+/// Strided loops with a run-time end, emitted with their trip count first (unsigned loops): the
+/// start, end and step that can change while the loop runs (a mutable variable, a load) are kept
+/// from the start, in Rust's order (start, end, step); break and continue inside; a signed loop
+/// keeps the plain form.
+#[kernel(block = 32, grid = 1)]
+pub fn counted_loops(x: &[f32], bounds: &[u32], y: &mut [f32], n: u32, lo: i32, hi: i32) {
+    let mut first = lane_id();
+    let mut stride = 32;
+    let mut acc = 0.0;
+    #[unroll(4)]
+    for k in (first..bounds[0]).step_by(stride) {
+        if k >= n {
+            break;
+        }
+        if x[k] < 0.0 {
+            continue;
+        }
+        acc += x[k];
+        first += 1;
+        stride += 1;
+    }
+    for i in (lo..hi).step_by(4) {
+        acc += i as f32;
+    }
+    y[lane_id()] = acc;
+}
+
 // ---- expressions ----
 
 // Regression: `big` folds to i64::MIN, which must print as `(-9223372036854775807ll - 1)`: the literal
@@ -506,6 +533,7 @@ fn all_sources() -> Vec<(&'static str, String)> {
         ("fold_split_false_sm_90", fold(false, Arch::Sm90)),
         ("fold_split_true_sm_121a", fold(true, Arch::Sm121a)),
         ("control_flow", cuda::<control_flow::Kernel>(&control_flow::Tiles { unroll: 2 }, Arch::Sm90)),
+        ("counted_loops", cuda::<counted_loops::Kernel>(&counted_loops::Tiles {}, Arch::Sm90)),
         ("precedence", cuda::<precedence::Kernel>(&precedence::Tiles {}, Arch::Sm90)),
         ("names", cuda::<names::Kernel>(&names::Tiles {}, Arch::Sm90)),
         ("name_collisions", cuda::<name_collisions::Kernel>(&name_collisions::Tiles {}, Arch::Sm90)),
@@ -546,6 +574,7 @@ snapshot_tests! {
     fold_split_false_sm_90 => "fold_split_false_sm_90",
     fold_split_true_sm_121a => "fold_split_true_sm_121a",
     control_flow => "control_flow",
+    counted_loops => "counted_loops",
     precedence => "precedence",
     names => "names",
     name_collisions => "name_collisions",
@@ -560,7 +589,7 @@ snapshot_tests! {
 fn every_example_has_a_snapshot_test() {
     // The list above and all_sources() name the same examples.
     let names: Vec<&str> = all_sources().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names.len(), 19);
+    assert_eq!(names.len(), 20);
     let mut sorted = names.clone();
     sorted.sort_unstable();
     sorted.dedup();

@@ -254,7 +254,10 @@ impl Emitter {
     /// count it, and unrolls it with an exit branch between the bodies; each body's loads then
     /// wait for the one before (its uses stall the in-order issue ahead of the next loads). Counted,
     /// the unrolled bodies are straight-line and their loads are all in flight at once. The count
-    /// `(b - a - 1) / s + 1` (0 when `b <= a`) cannot overflow, nor can `a + i * s < b`.
+    /// `(b - a - 1) / s + 1` (0 when `b <= a`) cannot overflow, nor can `a + i * s < b`: the
+    /// counted form is for unsigned loops only (a signed span `b - a` could exceed the type, as in
+    /// `(i32::MIN..n)`; signed loops keep the plain form). A step of 0 divides by zero, where Rust
+    /// panics.
     fn counted_loop(&mut self, var: &str, ty: Scalar, start: &Expr, end: &Expr, step: &Expr, body: &[Stmt]) {
         let t = Type::Scalar(ty);
         let name = |what: &str| format!("__{var}_{what}");
@@ -267,8 +270,9 @@ impl Emitter {
                 e.clone()
             }
         };
-        // Rust evaluates the range once: a start or step that can change is kept from the start.
-        let (start, step) = (once(start, "start"), once(step, "step"));
+        // Rust evaluates the range once, start, end, then step: any that can change is kept from
+        // the start, in that order.
+        let (start, end, step) = (once(start, "start"), once(end, "end"), once(step, "step"));
         let one = Expr::int(1, ty);
         let span = Expr::binary(BinOp::Sub, Expr::binary(BinOp::Sub, end.clone(), start.clone(), t), one.clone(), t);
         let count = Expr::new(
@@ -397,7 +401,10 @@ impl Emitter {
                 // every iteration. Where that could differ (a mutable variable, a load, a call),
                 // the end and step are computed once, in the loop's initialiser.
                 let v = var;
-                if step.as_lit() != Some(Lit::Int(1)) && (start.as_lit().is_none() || end.as_lit().is_none()) {
+                if step.as_lit() != Some(Lit::Int(1))
+                    && (start.as_lit().is_none() || end.as_lit().is_none())
+                    && matches!(ty, Scalar::U32 | Scalar::U64)
+                {
                     self.counted_loop(var, *ty, start, end, step, body);
                     return;
                 }
