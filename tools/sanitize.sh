@@ -236,7 +236,10 @@ if [ -d .gpu/tests ]; then
     if [ ! -x "$t" ] || [ ! -f "$t" ]; then continue; fi
     n=$(basename "$t")
     wanted "$n" || continue
-    "$t" --list --ignored 2>/dev/null | grep -q ': test$' || continue
+    # The listing is read whole before it is searched: `| grep -q` would stop reading at the first
+    # match, and under pipefail the binary's SIGPIPE then dropped it (gpu_qsa_layer, session 19).
+    listing=$("$t" --list --ignored 2>/dev/null) || continue
+    grep -q ': test$' <<< "$listing" || continue
     # The decode test runs the decode binary (target/release/decode, linked to the bundled one).
     if [ "$(short_of "$n")" = decode ] && [ ! -x .gpu/bin/decode ] && [ "$plan_s" = 0 ]; then
       echo "sanitize.sh: .gpu/bin/decode is missing (gpu-bundle without --no-bins builds it): $n is left out" >&2
