@@ -219,3 +219,18 @@ fn until_sets_the_budget_from_the_clock() {
     assert_eq!(rc, 0, "{summary}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_binary_with_a_long_test_listing_is_still_picked() {
+    // Its ignored test first, then a listing far longer than a pipe holds: the script must read it
+    // all (a `| grep -q` that stops at the first match, under pipefail, dropped such a binary).
+    let dir = bundle("listing", &[], false);
+    let long = "#!/bin/bash\nif [ \"$1\" = --list ]; then echo 'a_gpu_test: test'; \
+                for i in $(seq 1 20000); do echo \"filler_$i: bench\"; done; exit 0; fi\n\
+                echo 'test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.5s'\n";
+    write_exe(&dir.join(".gpu/tests/flashnext--test--gpu_long"), long);
+    let (rc, summary) = sanitize(&dir, &["--no-step", "--tools", "memcheck", "gpu_long"]);
+    assert_eq!(rc, 0, "{summary}");
+    assert!(line(&summary, "gpu_long", "memcheck").contains("OK"), "{summary}");
+    let _ = std::fs::remove_dir_all(dir);
+}
