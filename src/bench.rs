@@ -10,7 +10,6 @@ use engine::cuda::{Gpu, Graph, LoadedKernel};
 use kernel_dsl::KernelDef;
 use serde::{Deserialize, Serialize};
 
-/// The value at fraction `p` of an ascending slice (nearest rank).
 /// GPU 0 for the bench `name`, or None after a line saying why the bench is skipped (no device,
 /// no driver): every bench starts here, so that each runs anywhere and says what it skipped.
 pub fn open_gpu(name: &str) -> Option<Gpu> {
@@ -39,6 +38,7 @@ pub fn open_gpu_with_copy_bandwidth(name: &str) -> Option<(Gpu, f64)> {
     Some((gpu, copy_bw))
 }
 
+/// The value at fraction `p` of an ascending slice (nearest rank).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }

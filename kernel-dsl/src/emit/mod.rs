@@ -249,6 +249,18 @@ impl Emitter {
         varies
     }
 
+    /// `e` as a loop reads it: `e` itself, or, where its value can change while the loop runs,
+    /// `__{var}_{what}`, declared in the loop's initialiser `init` with `e`'s value (Rust evaluates
+    /// a range once).
+    fn kept_once(&self, init: &mut String, var: &str, what: &str, e: &Expr) -> Expr {
+        if !self.varies(e) {
+            return e.clone();
+        }
+        let name = format!("__{var}_{what}");
+        init.push_str(&format!(", {name} = {}", expr(e)));
+        Expr::var(&name, e.ty)
+    }
+
     /// A strided loop whose bounds are known only at run time, emitted with its trip count
     /// computed first: `for (k = a; k < b; k += s)` in unsigned arithmetic may wrap, so NVCC cannot
     /// count it, and unrolls it with an exit branch between the bodies; each body's loads then
@@ -262,17 +274,11 @@ impl Emitter {
         let t = Type::Scalar(ty);
         let name = |what: &str| format!("__{var}_{what}");
         let mut init = format!("{} {} = {}", ty.cuda_name(), name("i"), expr(&Expr::int(0, ty)));
-        let mut once = |e: &Expr, what: &str| {
-            if self.varies(e) {
-                init.push_str(&format!(", {} = {}", name(what), expr(e)));
-                Expr::var(&name(what), t)
-            } else {
-                e.clone()
-            }
-        };
         // Rust evaluates the range once, start, end, then step: any that can change is kept from
         // the start, in that order.
-        let (start, end, step) = (once(start, "start"), once(end, "end"), once(step, "step"));
+        let start = self.kept_once(&mut init, var, "start", start);
+        let end = self.kept_once(&mut init, var, "end", end);
+        let step = self.kept_once(&mut init, var, "step", step);
         let one = Expr::int(1, ty);
         let span = Expr::binary(BinOp::Sub, Expr::binary(BinOp::Sub, end.clone(), start.clone(), t), one.clone(), t);
         let count = Expr::new(
@@ -409,19 +415,11 @@ impl Emitter {
                     return;
                 }
                 let mut init = format!("{} {v} = {}", ty.cuda_name(), expr(start));
-                let mut once = |e: &Expr, what: &str| {
-                    if self.varies(e) {
-                        init.push_str(&format!(", __{v}_{what} = {}", expr(e)));
-                        format!("__{v}_{what}")
-                    } else {
-                        expr(e)
-                    }
-                };
-                let end = once(end, "end");
+                let end = expr(&self.kept_once(&mut init, v, "end", end));
                 let inc = if step.as_lit() == Some(Lit::Int(1)) {
                     format!("++{v}")
                 } else {
-                    format!("{v} += {}", once(step, "step"))
+                    format!("{v} += {}", expr(&self.kept_once(&mut init, v, "step", step)))
                 };
                 self.line(&format!("for ({init}; {v} < {end}; {inc}) {{"));
                 self.stmts(body);
