@@ -5,7 +5,7 @@
 //! Review a changed snapshot as a CUDA engineer would read the file, then accept it with
 //! `cargo insta review` (or `INSTA_UPDATE=always cargo test --test emit_snapshots`).
 
-use kernel_dsl::{Arch, KernelDef, emit};
+use kernel_dsl::{Arch, KernelDef, TileSet, emit};
 use kernel_macros::kernel;
 
 /// The emitted CUDA of kernel `K` at `tiles` for `arch`.
@@ -491,6 +491,34 @@ pub fn overlap(w: &[u32], x: &[f32], y: &mut [f32], started: &mut [u64], n: u32)
     }
 }
 
+/// A batch of weight loads issued before the grid dependency wait (`load_early`, coherent loads
+/// that ptxas keeps before the wait) and a residency bound (`min_blocks`, the second argument of
+/// `__launch_bounds__`), as the NVFP4 kernels that stream a batch before using it declare them.
+#[kernel(block = 32 * WARPS, grid = div_ceil(n, 32 * WARPS), min_blocks = MIN_BLOCKS)]
+pub fn early_batch(
+    #[tile(default = 2, candidates = [2, 4])] WARPS: u32,
+    #[tile(default = 4, candidates = [0, 4])] MIN_BLOCKS: u32,
+    w: &[u32x4],
+    half: &[u32x2],
+    x: &[f32],
+    y: &mut [f32],
+    n: u32,
+) {
+    let i = block_idx() * 32 * WARPS + thread_idx();
+    let row = min(i, n - 1);
+    let mut batch = [u32x4(0, 0, 0, 0); 2];
+    #[unroll]
+    for j in 0..2 {
+        batch[j] = load_early::<u32x4>(w, 2 * row + j);
+    }
+    let tail = load_early::<u32x2>(half, row);
+    grid_dependency_wait();
+    launch_dependents();
+    if i < n {
+        y[i] = x[i] * (batch[0].x + batch[1].w + tail.y) as f32;
+    }
+}
+
 /// A kernel whose blocks wait for each other at a software grid barrier, declared `cooperative`:
 /// every launch of it is a cooperative one (the driver makes all blocks resident at once or
 /// refuses the launch), and its emitted file says so.
@@ -541,6 +569,7 @@ fn all_sources() -> Vec<(&'static str, String)> {
         ("raw_asm", cuda::<raw_asm::Kernel>(&raw_asm::Tiles {}, Arch::Sm90)),
         ("long_lines", cuda::<long_lines::Kernel>(&long_lines::Tiles {}, Arch::Sm90)),
         ("overlap", cuda::<overlap::Kernel>(&overlap::Tiles {}, Arch::Sm90)),
+        ("early_batch", cuda::<early_batch::Kernel>(&early_batch::Tiles::DEFAULT, Arch::Sm90)),
         ("grid_barrier", cuda::<grid_barrier::Kernel>(&grid_barrier::Tiles { blocks: 64 }, Arch::Sm90)),
     ]
 }
@@ -582,6 +611,7 @@ snapshot_tests! {
     raw_asm => "raw_asm",
     long_lines => "long_lines",
     overlap => "overlap",
+    early_batch => "early_batch",
     grid_barrier => "grid_barrier",
 }
 
@@ -589,7 +619,7 @@ snapshot_tests! {
 fn every_example_has_a_snapshot_test() {
     // The list above and all_sources() name the same examples.
     let names: Vec<&str> = all_sources().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names.len(), 20);
+    assert_eq!(names.len(), 21);
     let mut sorted = names.clone();
     sorted.sort_unstable();
     sorted.dedup();
@@ -633,6 +663,32 @@ fn cooperative_reaches_the_launch_configuration() {
     .expect("dims");
     assert!(!dims.cooperative && !overlap::Kernel::template().cooperative);
     assert!(!source("overlap").contains("cooperatively"));
+}
+
+#[test]
+fn min_blocks_becomes_the_second_launch_bound_and_bounds_the_tiles() {
+    let bounded = source("early_batch");
+    assert!(bounded.contains("__launch_bounds__(64, 4) early_batch("), "{bounded}");
+    assert!(bounded.contains("4 blocks an SM at least"));
+    let free = cuda::<early_batch::Kernel>(&early_batch::Tiles { warps: 2, min_blocks: 0 }, Arch::Sm90);
+    assert!(free.contains("__launch_bounds__(64) early_batch("), "{free}");
+    assert_eq!(early_batch::Tiles { warps: 4, min_blocks: 4 }.min_blocks(), 4);
+    // 12 blocks of 128 threads exceed what an SM holds on sm_121a (1536 threads): refused.
+    let too_many = overlap_bound::Tiles { min_blocks: 12 };
+    let err = too_many.check().expect_err("12 blocks of 256 threads do not fit");
+    assert!(err.message.contains("1536 threads"), "{}", err.message);
+    assert!(overlap_bound::Tiles { min_blocks: 6 }.check().is_ok());
+    assert_eq!(overlap_bound::Tiles::candidates().len(), 1, "the candidate over the bound is left out");
+    // The coherent early loads, not the read-only path (which ptxas moves past the wait).
+    assert!(
+        bounded.contains("ld.global.L1::no_allocate.v4.u32") && bounded.contains("ld.global.L1::no_allocate.v2.u32")
+    );
+    assert!(!bounded.contains("ld.global.nc"));
+}
+
+#[kernel(block = 256, grid = n, min_blocks = MIN_BLOCKS)]
+fn overlap_bound(#[tile(default = 6, candidates = [6, 12])] MIN_BLOCKS: u32, y: &mut [f32], n: u32) {
+    y[block_idx()] = 1.0;
 }
 
 #[test]

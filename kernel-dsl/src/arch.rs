@@ -61,6 +61,10 @@ impl Arch {
 
     /// The most threads in one block.
     pub const MAX_THREADS_PER_BLOCK: u32 = 1024;
+
+    /// The most threads resident on one SM on every architecture: 2048 on sm_90, 1536 on sm_121a;
+    /// the smaller, so that one `min_blocks` holds on both.
+    pub const MAX_THREADS_PER_SM: u32 = 1536;
 }
 
 impl fmt::Display for Arch {

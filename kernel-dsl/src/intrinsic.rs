@@ -109,6 +109,12 @@ pub enum Intrinsic {
     // Memory.
     LoadVec(Vector),
     LoadStream(Vector),
+    /// `load_early::<V>(weights, i)`: `load_stream` for loads issued before
+    /// `grid_dependency_wait()` (data no kernel writes, such as weights). A coherent load
+    /// (`ld.global`, not `.nc`): ptxas keeps it before the wait, where it moves a read-only-path
+    /// load past the wait to just before its use (sm_90 SASS), which would leave the batch to
+    /// stream only after the predecessor ends.
+    LoadEarly(Vector),
     LoadCg,
     /// `load_acquire(buffer, index)`: a u32 that other blocks of this launch update, read from L2
     /// with acquire semantics at GPU scope (`ld.acquire.gpu`): never cached, hoisted or merged, so
@@ -195,6 +201,7 @@ impl Intrinsic {
             "atomic_max" => plain(Intrinsic::AtomicMax),
             "load_vec" => vector().map(Intrinsic::LoadVec),
             "load_stream" => vector().map(Intrinsic::LoadStream),
+            "load_early" => vector().map(Intrinsic::LoadEarly),
             "load_cg" => plain(Intrinsic::LoadCg),
             "load_acquire" => plain(Intrinsic::LoadAcquire),
             "store_vec" => plain(Intrinsic::StoreVec),
@@ -473,16 +480,17 @@ impl Intrinsic {
                 want(0, u32)?;
                 sig(vec![u32], Type::Vector(Vector::F32x4))
             }
-            I::LoadVec(v) | I::LoadStream(v) => {
+            I::LoadVec(v) | I::LoadStream(v) | I::LoadEarly(v) => {
                 arity(2)?;
                 let base = args[0];
                 match (self, base) {
                     (I::LoadVec(_), Type::Ptr { .. } | Type::Array { space: Space::Shared, .. }) => {}
-                    (I::LoadStream(v), Type::Ptr { mutable: false, .. }) if v.lane() == Scalar::U32 => {}
-                    (I::LoadStream(_), Type::Ptr { mutable: false, .. }) => {
-                        return Err("`load_stream` loads raw bits: use u32x4 or u32x2".to_owned());
+                    (I::LoadStream(v) | I::LoadEarly(v), Type::Ptr { mutable: false, .. })
+                        if v.lane() == Scalar::U32 => {}
+                    (I::LoadStream(_) | I::LoadEarly(_), Type::Ptr { mutable: false, .. }) => {
+                        return Err("`load_stream` and `load_early` load raw bits: use u32x4 or u32x2".to_owned());
                     }
-                    (I::LoadStream(_), _) => {
+                    (I::LoadStream(_) | I::LoadEarly(_), _) => {
                         return Err(format!("argument 1 must be a read-only global pointer `&[T]`, found {base}"));
                     }
                     _ => return Err(format!("argument 1 must be a global pointer or a shared array, found {base}")),
@@ -557,6 +565,8 @@ impl Intrinsic {
             I::Nvfp4MmaStage => &[Helper::Nvfp4MmaStage],
             I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
             I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],
+            I::LoadEarly(Vector::U32x4 | Vector::F32x4) => &[Helper::LdEarlyV4],
+            I::LoadEarly(Vector::U32x2 | Vector::F32x2) => &[Helper::LdEarlyV2],
             I::LoadCg => &[Helper::LdCg],
             I::LoadAcquire => &[Helper::LdAcquire],
             I::GridDependencyWait | I::LaunchDependents => &[Helper::GridDependency],
@@ -637,6 +647,10 @@ mod tests {
         assert_eq!(s.params[1], Type::U32);
         let mut_ptr = Type::Ptr { elem: Elem::Scalar(Scalar::Bf16), mutable: true };
         assert!(Intrinsic::LoadStream(Vector::U32x4).signature(&[mut_ptr, Type::U32]).is_err());
+        let s = Intrinsic::LoadEarly(Vector::U32x2).signature(&[ptr, Type::IntLit]).expect("load_early");
+        assert_eq!(s.ret, Type::Vector(Vector::U32x2));
+        assert!(Intrinsic::LoadEarly(Vector::U32x2).signature(&[mut_ptr, Type::U32]).is_err());
+        assert!(Intrinsic::LoadEarly(Vector::F32x4).signature(&[ptr, Type::U32]).is_err());
         let counters = Type::Ptr { elem: Elem::Scalar(Scalar::U32), mutable: true };
         let s = Intrinsic::AtomicAdd.signature(&[counters, Type::U32, Type::IntLit]).expect("atomic_add");
         assert_eq!(s.ret, Type::U32);

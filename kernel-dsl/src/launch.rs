@@ -169,6 +169,11 @@ pub trait TileSet: Copy + fmt::Debug + Eq + Hash + Send + Sync + 'static {
 
     /// Threads per block, a function of the tiles alone.
     fn block_threads(&self) -> u32;
+
+    /// Blocks that must fit on one SM together (`#[kernel(min_blocks = ...)]`), 0 for no bound.
+    fn min_blocks(&self) -> u32 {
+        0
+    }
 }
 
 /// A kernel described with `#[kernel]`: its template, tiles, arguments and launch geometry.
@@ -186,7 +191,9 @@ pub trait KernelDef: 'static {
     /// The kernel specialised for `tiles` on `arch`.
     fn specialize(tiles: &Self::Tiles, arch: Arch) -> Result<Kernel, SpecializeError> {
         tiles.check().map_err(|e| SpecializeError { kernel: Self::NAME.to_owned(), message: e.message })?;
-        specialize(Self::template(), &tiles.values(), arch, tiles.block_threads())
+        let mut kernel = specialize(Self::template(), &tiles.values(), arch, tiles.block_threads())?;
+        kernel.min_blocks = tiles.min_blocks();
+        Ok(kernel)
     }
 }
 

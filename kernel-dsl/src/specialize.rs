@@ -23,6 +23,9 @@ pub struct Kernel {
     pub body: Vec<Stmt>,
     /// Threads per block, fixed by the tiles; the emitter writes it as `__launch_bounds__`.
     pub block_threads: u32,
+    /// Blocks that must fit on one SM together, `__launch_bounds__`'s second argument; 0 leaves
+    /// the register budget to ptxas. Set from the tiles by `KernelDef::specialize`.
+    pub min_blocks: u32,
     /// Bytes of `__shared__` arrays.
     pub static_shared_bytes: u32,
     /// Launched cooperatively (`#[kernel(..., cooperative)]`): every block resident at once.
@@ -131,6 +134,7 @@ pub fn specialize(
         params: template.params.clone(),
         body,
         block_threads,
+        min_blocks: 0,
         static_shared_bytes,
         cooperative: template.cooperative,
     })

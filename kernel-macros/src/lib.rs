@@ -29,6 +29,11 @@
 //! driver either makes every block resident at once or fails the launch, instead of a barrier
 //! waiting forever for a block that cannot start.
 //!
+//! `#[kernel(..., min_blocks = EXPR)]` (tiles alone) is the residency the kernel is compiled for,
+//! `__launch_bounds__`'s second argument: ptxas budgets registers to that many blocks an SM. A
+//! kernel that issues a batch of loads before it uses them declares it (often as a tile), because
+//! with a small budget ptxas moves each load back next to its use.
+//!
 //! The body is a Rust subset: `let` and `let mut` (scalars, vectors, `[v; N]` local arrays,
 //! `shared::<T, N>()` shared arrays), assignment and compound assignment, `if`/`else` (also as a
 //! value), `for` over `a..b` or `(a..b).step_by(s)` with `#[unroll]` or `#[unroll(n)]`, `while`,

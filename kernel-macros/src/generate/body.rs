@@ -80,12 +80,13 @@ impl Rebuild for Intrinsic {
         let dsl = paths::dsl();
         let path = quote!(#dsl::intrinsic::Intrinsic);
         match self {
-            Intrinsic::LoadVec(v) | Intrinsic::LoadStream(v) | Intrinsic::Make(v) => {
+            Intrinsic::LoadVec(v) | Intrinsic::LoadStream(v) | Intrinsic::LoadEarly(v) | Intrinsic::Make(v) => {
                 let t = paths::types();
                 let v = variant(quote!(#t::Vector), v);
                 let name = match self {
                     Intrinsic::LoadVec(_) => format_ident!("LoadVec"),
                     Intrinsic::LoadStream(_) => format_ident!("LoadStream"),
+                    Intrinsic::LoadEarly(_) => format_ident!("LoadEarly"),
                     _ => format_ident!("Make"),
                 };
                 quote!(#path::#name(#v))

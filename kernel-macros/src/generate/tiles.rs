@@ -90,6 +90,32 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
     let threads = paths::local("threads");
     let block = &decl.launch.block;
     let block_text = quote!(#block).to_string();
+    // `min_blocks`: its own method, and a check that that many blocks fit in an SM's threads.
+    let (min_blocks_fn, min_blocks_check) = match &decl.launch.min_blocks {
+        None => (quote!(), quote!()),
+        Some(m) => {
+            let text = quote!(#m).to_string();
+            let blocks = paths::local("blocks");
+            (
+                quote! {
+                    #[allow(non_snake_case, unused_variables)]
+                    fn min_blocks(&self) -> u32 {
+                        #binds
+                        #m
+                    }
+                },
+                quote! {
+                    let #blocks: u32 = #m;
+                    if #blocks.saturating_mul(#threads) > #dsl::Arch::MAX_THREADS_PER_SM {
+                        return ::std::result::Result::Err(#launch::LaunchError {
+                            kernel: #kernel_name,
+                            message: ::std::format!("tiles {:?} ask for {} blocks of {} threads on one SM (`min_blocks = {}`); an SM holds {} threads", self, #blocks, #threads, #text, #dsl::Arch::MAX_THREADS_PER_SM),
+                        });
+                    }
+                },
+            )
+        }
+    };
     quote! {
         /// The tile parameters: compile-time shapes the emitter writes as constants.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -119,8 +145,11 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
                         message: ::std::format!("tiles {:?} give {} threads per block (`{}`); a block is 32 to 1024 threads, whole warps", self, #threads, #block_text),
                     });
                 }
+                #min_blocks_check
                 ::std::result::Result::Ok(())
             }
+
+            #min_blocks_fn
 
             #[allow(non_snake_case, unused_variables)]
             fn block_threads(&self) -> u32 {

@@ -22,6 +22,10 @@ pub(crate) struct LaunchDecl {
     pub(crate) block: Expr,
     /// One to three dimensions.
     pub(crate) grid: Vec<Expr>,
+    /// `min_blocks = ...` (tiles alone): blocks of this kernel that must fit on one SM together,
+    /// the second argument of `__launch_bounds__`. ptxas budgets registers to it; a kernel that
+    /// loads a batch before using it needs the budget to keep the batch in flight.
+    pub(crate) min_blocks: Option<Expr>,
     pub(crate) requires: Vec<Requirement>,
     /// `cooperative`: the blocks meet at software grid barriers, so they must all be resident at
     /// once; the launch asks the driver to guarantee it.
@@ -38,6 +42,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
     let metas = syn::parse::Parser::parse2(Punctuated::<Meta, Token![,]>::parse_terminated, attr.clone())?;
     let mut block = None;
     let mut grid = None;
+    let mut min_blocks = None;
     let mut requires = Vec::new();
     let mut cooperative = false;
     for meta in metas {
@@ -51,6 +56,19 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
                     ));
                 }
                 block = Some(nv.value);
+            }
+            Meta::NameValue(nv) if nv.path.is_ident("min_blocks") => {
+                let names = names_in(&nv.value, scope)?;
+                if let Some(arg) = names.iter().find(|n| scope.scalars.contains(n)) {
+                    return Err(syn::Error::new_spanned(
+                        arg,
+                        "`min_blocks` depends on tiles alone (it is the second argument of __launch_bounds__)",
+                    ));
+                }
+                if min_blocks.is_some() {
+                    return Err(syn::Error::new_spanned(&nv.path, "`min_blocks` is given twice"));
+                }
+                min_blocks = Some(nv.value);
             }
             Meta::NameValue(nv) if nv.path.is_ident("grid") => {
                 let dims: Vec<Expr> = match nv.value {
@@ -82,7 +100,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
             other => {
                 return Err(syn::Error::new_spanned(
                     other,
-                    "expected `block = ...`, `grid = ...`, `require(...)` or `cooperative` in #[kernel(...)]",
+                    "expected `block = ...`, `grid = ...`, `min_blocks = ...`, `require(...)` or `cooperative` in #[kernel(...)]",
                 ));
             }
         }
@@ -92,6 +110,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
     Ok(LaunchDecl {
         block: block.ok_or_else(|| missing("block"))?,
         grid: grid.ok_or_else(|| missing("grid"))?,
+        min_blocks,
         requires,
         cooperative,
     })
