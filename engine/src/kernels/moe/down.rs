@@ -11,34 +11,45 @@ use kernel_macros::kernel;
 /// weights (`scale2` [E + 1]); h as the gate/up kernel staged it (`h_staged`, and `h_scale` per
 /// 16-value chunk, which lines up with the weights' 16-value blocks along a row).
 ///
-/// A warp owns ROWS output rows. Its lanes walk one flat list of tasks, a task being one 16-value
-/// chunk of one slot (the routed slots' chunks, then the shared expert's), so every lane has the
-/// same loop with no branch around its loads and UNROLL tasks in flight; each lane's sum is
-/// weighted per task and the lanes are added by a fixed butterfly: one order, no atomics.
+/// A warp owns ROWS output rows. Its lanes split one flat list of tasks, a task being one
+/// 16-value chunk of one slot (the routed slots' chunks, then the shared expert's): lane l takes
+/// tasks l, l + 32, ..., at most BATCH of them (the published shape has 440 tasks, 14 a lane). A
+/// lane first loads the codes and block scales of all its tasks, then uses them: BATCH loads in
+/// flight a lane, where a loop that uses each load right after issuing it keeps one or two (the
+/// compiler interleaves them). Each lane's sum is weighted per task and the lanes are added by a
+/// fixed butterfly: one order, no atomics.
 ///
-/// The kernel overlaps the gate/up kernel (programmatic dependent launch). Before the wait the
-/// block reads the route and the routing weights (the router finished before the gate/up kernel
-/// let this one start), keeps each slot's matrix offset and weight in shared memory, and asks L2
-/// for all of its rows of the chosen experts, one bulk prefetch per slot and kind, so they stream
-/// while gate/up still runs; after the wait it reads h.
+/// The kernel overlaps the gate/up kernel (programmatic dependent launch). The route and the
+/// routing weights are known before the wait (the router finished before the gate/up kernel let
+/// this one start), so the block keeps each slot's matrix offset and weight in shared memory and
+/// issues all its weight loads before the wait: they stream while gate/up still runs. Only h,
+/// which gate/up writes, is read after it.
+///
+/// MIN_BLOCKS is the residency the kernel is compiled for (`__launch_bounds__`, 0 for none): ptxas
+/// keeps a batch's loads together only when its register budget holds them. At the defaults (two
+/// rows a warp, no bound) it takes 164 registers and issues all 64 loads before the wait: three
+/// blocks an SM, the 320 blocks in one wave. With one row a warp and no bound it takes 85 and
+/// moves the codes' loads after the wait, next to their uses; a bound of 4 blocks (126
+/// registers) keeps them ahead.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(hidden, WARPS * ROWS),
+    min_blocks = MIN_BLOCKS,
     require(
         top_k + 1 <= 32 * WARPS,
         top_k < 64,
         inter % 16 == 0,
         shared_inter % 16 == 0,
-        (WARPS * ROWS * inter / 16) % 16 == 0,
-        (WARPS * ROWS * shared_inter / 16) % 16 == 0,
+        top_k * (inter / 16) + shared_inter / 16 <= 32 * BATCH,
         h_stride % 16 == 0,
         hidden % (WARPS * ROWS) == 0,
     ),
 )]
 pub fn moe_down_nvfp4(
-    #[tile(default = 1, candidates = [1, 2, 4])] ROWS: u32,
+    #[tile(default = 2, candidates = [1, 2])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 2, candidates = [2, 4, 8])] UNROLL: u32,
+    #[tile(default = 16, candidates = [8, 16, 32])] BATCH: u32,
+    #[tile(default = 0, candidates = [0, 2, 4, 6])] MIN_BLOCKS: u32,
     h_staged: &[u32x4],
     h_scale: &[f32],
     ids: &[u32],
@@ -62,34 +73,55 @@ pub fn moe_down_nvfp4(
         let k = thread_idx();
         let routed = k < top_k;
         let expert = if routed { load_cg(ids, k) } else { experts };
-        let cols = if routed { inter } else { shared_inter };
         // Expert e's matrix starts after e routed matrices of hidden × inter values.
         let first = expert * hidden * inter;
         slot_first[k] = first;
         slot_factor[k] = load_cg(weights, k) * scale2[expert];
-        prefetch_l2(packed, (first + tile0 * cols) / 2, WARPS * ROWS * cols / 2);
-        prefetch_l2(scales, (first + tile0 * cols) / 16, WARPS * ROWS * cols / 16);
     }
     sync_threads();
-    grid_dependency_wait();
-    launch_dependents();
 
     let row0 = tile0 + warp_id() * ROWS;
     let routed_chunks = inter / 16;
     let tasks = top_k * routed_chunks + shared_inter / 16;
-    let mut total = [0.0; ROWS];
-    #[unroll(UNROLL)]
-    for t in (lane_id()..tasks).step_by(32) {
+    // The lane's codes and block scales, every load issued before the first is used and before
+    // the wait. The scales stay e4m3 until after the wait: converting one waits for its load,
+    // which would hold back the loads behind it (the fill, `scales[0]`, is any e4m3; every entry
+    // is overwritten). `at` is the task's 16-value chunk of h; `factor` its slot's weight × global
+    // scale, zero past the end of the list.
+    let mut codes = [u32x2(0, 0); BATCH * ROWS];
+    let mut block_scale = [scales[0]; BATCH * ROWS];
+    let mut factor = [0.0; BATCH];
+    let mut at = [0; BATCH];
+    #[unroll]
+    for j in 0..BATCH {
+        // Past the end a lane repeats the last task with a zero factor: no branch around the
+        // loads.
+        let t = min(lane_id() + 32 * j, tasks - 1);
         let k = min(t / routed_chunks, top_k);
         let chunk = t - k * routed_chunks;
         let cols = if k < top_k { inter } else { shared_inter };
-        let xa = load_vec::<u32x4>(h_staged, k * (h_stride / 8) + chunk * 2);
-        let xb = load_vec::<u32x4>(h_staged, k * (h_stride / 8) + chunk * 2 + 1);
-        let hs = h_scale[k * (h_stride / 16) + chunk] * slot_factor[k];
+        at[j] = k * (h_stride / 16) + chunk;
+        factor[j] = if lane_id() + 32 * j < tasks { slot_factor[k] } else { 0.0 };
         #[unroll]
         for r in 0..ROWS {
             let v = slot_first[k] + (row0 + r) * cols + chunk * 16;
-            total[r] += dot_e2m1x16(load_stream::<u32x2>(packed, v / 2), xa, xb) * ((scales[v / 16] as f32) * hs);
+            codes[j * ROWS + r] = load_early::<u32x2>(packed, v / 2);
+            block_scale[j * ROWS + r] = scales[v / 16];
+        }
+    }
+    grid_dependency_wait();
+    launch_dependents();
+
+    let mut total = [0.0; ROWS];
+    #[unroll]
+    for j in 0..BATCH {
+        let xa = load_vec::<u32x4>(h_staged, at[j] * 2);
+        let xb = load_vec::<u32x4>(h_staged, at[j] * 2 + 1);
+        let hs = h_scale[at[j]];
+        #[unroll]
+        for r in 0..ROWS {
+            let scale = (block_scale[j * ROWS + r] as f32) * factor[j];
+            total[r] += dot_e2m1x16(codes[j * ROWS + r], xa, xb) * (scale * hs);
         }
     }
     #[unroll]
