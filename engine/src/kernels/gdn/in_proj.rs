@@ -125,7 +125,11 @@ pub fn gdn_in_proj_bf16(
 /// as f32 by every block, 10 KB at the published shape): q, k and v feed the fp32 state, whose 1e-4 tolerance the f16 activations of
 /// the MoE's NVFP4 kernels would not meet. Each warp owns ROWS rows; per step a lane streams 16
 /// FP4 values (8 bytes) of each, decodes them to f32, sums the 16 products and scales the sum by
-/// the block's e4m3 scale.
+/// the block's e4m3 scale. The weights do not depend on the predecessor, so a lane loads all of
+/// its codes and block scales (STEPS steps of 512 values, `hidden ≤ 512·STEPS`) before the grid
+/// dependency wait, with `load_early` (which ptxas keeps before the wait): they stream while the
+/// predecessor runs, all in flight together, where the loop used to load each step's codes right
+/// before using them. MIN_BLOCKS is the residency ptxas budgets registers to (0: none).
 ///
 /// DIRECT = 1 reads each lane's 16 values of x from global memory beside its weights (bf16, L1
 /// after the first warp) instead of staging x in shared memory first: no barrier and no staging
@@ -155,7 +159,12 @@ pub fn gdn_in_proj_bf16(
         MMA == 0 || hidden % (128 * UNROLL) == 0,
         hidden % (32 * 16) == 0,
         hidden <= 4096,
+        MMA == 1 || hidden <= 512 * STEPS,
+        // UNROLL steps only the tensor-core path, STEPS only the f32 one: one tile set each.
+        MMA == 1 || UNROLL == 1,
+        MMA == 0 || STEPS == 5,
     ),
+    min_blocks = MIN_BLOCKS,
 )]
 pub fn gdn_in_proj_nvfp4(
     #[tile(default = 2, candidates = [1, 2, 4, 16])] ROWS: u32,
@@ -163,6 +172,8 @@ pub fn gdn_in_proj_nvfp4(
     #[tile(default = 1, candidates = [1, 2])] UNROLL: u32,
     #[tile(default = 0, candidates = [0, 1])] MMA: u32,
     #[tile(default = 1, candidates = [0, 1])] DIRECT: u32,
+    #[tile(default = 5, candidates = [5, 8])] STEPS: u32,
+    #[tile(default = 0, candidates = [0, 4])] MIN_BLOCKS: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
     scale2: &[f32],
@@ -177,6 +188,36 @@ pub fn gdn_in_proj_nvfp4(
     heads: u32,
     hidden: u32,
 ) {
+    let rows = conv_dim + z_dim + 2 * heads;
+    let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
+    // f32 path: the warp's weights do not depend on the predecessor, so every code and block
+    // scale of the lane is loaded before the wait, all in flight together: step j is values
+    // lane·16 + 512·j of each of the ROWS rows. Steps past the row's end and rows past the last
+    // repeat the last one, with a zero scale (no branch around the loads).
+    let mut codes = [u32x2(0, 0); ROWS * STEPS * (1 - MMA) + MMA];
+    let mut wscale = [0.0; ROWS * STEPS * (1 - MMA) + MMA];
+    if MMA == 0 {
+        #[unroll]
+        for j in 0..STEPS {
+            let c = min(lane_id() * 16 + 512 * j, hidden - 512 + lane_id() * 16);
+            #[unroll]
+            for r in 0..ROWS {
+                let row = min(row0 + r, rows - 1);
+                codes[j * ROWS + r] = load_early::<u32x2>(packed, row * (hidden / 2) + c / 2);
+            }
+        }
+        #[unroll]
+        for j in 0..STEPS {
+            let c = min(lane_id() * 16 + 512 * j, hidden - 512 + lane_id() * 16);
+            let live = lane_id() * 16 + 512 * j < hidden;
+            #[unroll]
+            for r in 0..ROWS {
+                let row = min(row0 + r, rows - 1);
+                let scale = scales[row * (hidden / 16) + c / 16] as f32;
+                wscale[j * ROWS + r] = if live { scale } else { 0.0 };
+            }
+        }
+    }
     // Overlaps its predecessor (x is its output), and lets the state update start early.
     grid_dependency_wait();
     launch_dependents();
@@ -205,8 +246,6 @@ pub fn gdn_in_proj_nvfp4(
         sync_threads();
     }
 
-    let rows = conv_dim + z_dim + 2 * heads;
-    let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
     // MMA: rows g and g + 8 of the warp's 16, lane q of the row's four.
     let (g, q) = (lane_id() / 4, lane_id() % 4);
     let mut acc = [0.0; ROWS];
@@ -257,8 +296,9 @@ pub fn gdn_in_proj_nvfp4(
         acc[1] = acc1;
     }
     if MMA == 0 && row0 < rows {
-        #[unroll(UNROLL)]
-        for c in (lane_id() * 16..hidden).step_by(32 * 16) {
+        #[unroll]
+        for j in 0..STEPS {
+            let c = min(lane_id() * 16 + 512 * j, hidden - 512 + lane_id() * 16);
             let mut x0 = f32x4(0.0, 0.0, 0.0, 0.0);
             let mut x1 = x0;
             let mut x2 = x0;
@@ -284,8 +324,7 @@ pub fn gdn_in_proj_nvfp4(
             }
             #[unroll]
             for r in 0..ROWS {
-                let row = row0 + r;
-                let wv = load_stream::<u32x2>(packed, row * (hidden / 2) + c / 2);
+                let wv = codes[j * ROWS + r];
                 let w0 = e2m1x4_to_f32x4(wv.x);
                 let w1 = e2m1x4_to_f32x4(wv.x >> 16);
                 let w2 = e2m1x4_to_f32x4(wv.y);
@@ -306,7 +345,7 @@ pub fn gdn_in_proj_nvfp4(
                 s += w3.y * x3.y;
                 s += w3.z * x3.z;
                 s += w3.w * x3.w;
-                acc[r] += s * (scales[row * (hidden / 16) + c / 16] as f32);
+                acc[r] += s * wscale[j * ROWS + r];
             }
         }
         #[unroll]
