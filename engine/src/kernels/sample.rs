@@ -65,8 +65,7 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 /// If every mass is zero (only with non-finite logits: all NaN or −∞, or a +∞) the token is 0.
 ///
 /// BLOCKS blocks, each a contiguous slice of ⌈vocab / BLOCKS⌉ logits, each thread a run of at
-/// most 8 (so `vocab ≤ BLOCKS·THREADS·8`: 524,288 at the defaults; 512 threads a block time
-/// 31.4 µs on the H200 against 41.8 at 256, session 19's sweep).
+/// most 8 (so `vocab ≤ BLOCKS·THREADS·8`: 262,144 at the defaults).
 ///
 /// Scratch: `mass` [[`MASS_WORDS`]] and `scratch` [[`SCRATCH_WORDS`]]. Every launch zeroes the
 /// histograms before its first barrier (no block adds to them before it), the per-block words
@@ -89,7 +88,7 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 )]
 pub fn sample_top_p(
     #[tile(default = 128, candidates = [64, 128])] BLOCKS: u32,
-    #[tile(default = 512, candidates = [256, 512])] THREADS: u32,
+    #[tile(default = 256, candidates = [256, 512])] THREADS: u32,
     logits: &[f32],
     position: &[u32],
     token: &mut [u32],
