@@ -673,7 +673,7 @@ fn min_blocks_becomes_the_second_launch_bound_and_bounds_the_tiles() {
     let free = cuda::<early_batch::Kernel>(&early_batch::Tiles { warps: 2, min_blocks: 0 }, Arch::Sm90);
     assert!(free.contains("__launch_bounds__(64) early_batch("), "{free}");
     assert_eq!(early_batch::Tiles { warps: 4, min_blocks: 4 }.min_blocks(), 4);
-    // 12 blocks of 128 threads exceed what an SM holds on sm_121a (1536 threads): refused.
+    // 12 blocks of 256 threads exceed what an SM holds on sm_121a (1536 threads): refused.
     let too_many = overlap_bound::Tiles { min_blocks: 12 };
     let err = too_many.check().expect_err("12 blocks of 256 threads do not fit");
     assert!(err.message.contains("1536 threads"), "{}", err.message);

@@ -94,10 +94,11 @@ __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // An 8-byte load of data read once, issued before grid_dependency_wait(): coherent (not
-// .nc), so ptxas keeps it before the wait; no L1 allocation.
+// .nc), so ptxas keeps it before the wait, and volatile, so the compiler does too; no
+// L1 allocation.
 __device__ __forceinline__ uint2 ld_early_u32x2(const void* p) {
     uint2 r;
-    asm("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
 

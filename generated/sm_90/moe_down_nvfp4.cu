@@ -9,9 +9,9 @@
 // A warp owns ROWS output rows. Its lanes split one flat list of tasks, a task being one
 // 16-value chunk of one slot (the routed slots' chunks, then the shared expert's): lane l takes
 // tasks l, l + 32, ..., at most BATCH of them (the published shape has 440 tasks, 14 a lane). A
-// lane first loads the codes and block scales of all its tasks, then uses them: BATCH loads in
-// flight a lane, where a loop that uses each load right after issuing it keeps one or two (the
-// compiler interleaves them). Each lane's sum is weighted per task and the lanes are added by a
+// lane first loads the codes and block scales of all its tasks, then uses them: 2·BATCH·ROWS
+// loads in flight a lane, where a loop that uses each load right after issuing it keeps one or
+// two (the compiler interleaves them). Each lane's sum is weighted per task and the lanes are added by a
 // fixed butterfly: one order, no atomics.
 //
 // The kernel overlaps the gate/up kernel (programmatic dependent launch). The route and the
@@ -105,10 +105,11 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // An 8-byte load of data read once, issued before grid_dependency_wait(): coherent (not
-// .nc), so ptxas keeps it before the wait; no L1 allocation.
+// .nc), so ptxas keeps it before the wait, and volatile, so the compiler does too; no
+// L1 allocation.
 __device__ __forceinline__ uint2 ld_early_u32x2(const void* p) {
     uint2 r;
-    asm("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
 

@@ -113,7 +113,8 @@ pub enum Intrinsic {
     /// `grid_dependency_wait()` (data no kernel writes, such as weights). A coherent load
     /// (`ld.global`, not `.nc`): ptxas keeps it before the wait, where it moves a read-only-path
     /// load past the wait to just before its use (sm_90 SASS), which would leave the batch to
-    /// stream only after the predecessor ends.
+    /// stream only after the predecessor ends; and `asm volatile`, so that NVVM, for which the
+    /// wait is the only memory effect in sight, does not move it either.
     LoadEarly(Vector),
     LoadCg,
     /// `load_acquire(buffer, index)`: a u32 that other blocks of this launch update, read from L2

@@ -31,8 +31,9 @@
 //!
 //! `#[kernel(..., min_blocks = EXPR)]` (tiles alone) is the residency the kernel is compiled for,
 //! `__launch_bounds__`'s second argument: ptxas budgets registers to that many blocks an SM. A
-//! kernel that issues a batch of loads before it uses them declares it (often as a tile), because
-//! with a small budget ptxas moves each load back next to its use.
+//! kernel that issues a batch of loads before it uses them declares it (often as a tile): left
+//! to itself ptxas may aim for few registers and move each load back next to its use, and the
+//! bound sets the budget it schedules to instead.
 //!
 //! The body is a Rust subset: `let` and `let mut` (scalars, vectors, `[v; N]` local arrays,
 //! `shared::<T, N>()` shared arrays), assignment and compound assignment, `if`/`else` (also as a

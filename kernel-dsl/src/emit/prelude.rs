@@ -466,20 +466,22 @@ impl Helper {
             }
             H::LdEarlyV4 => {
                 "// A 16-byte load of data read once, issued before grid_dependency_wait(): coherent (not\n\
-                 // .nc), so ptxas keeps it before the wait; no L1 allocation.\n\
+                 // .nc), so ptxas keeps it before the wait, and volatile, so the compiler does too; no\n\
+                 // L1 allocation.\n\
                  __device__ __forceinline__ uint4 ld_early_u32x4(const void* p) {\n\
                  \x20   uint4 r;\n\
-                 \x20   asm(\"ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\"\n\
+                 \x20   asm volatile(\"ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\"\n\
                  \x20       : \"=r\"(r.x), \"=r\"(r.y), \"=r\"(r.z), \"=r\"(r.w) : \"l\"(p));\n\
                  \x20   return r;\n\
                  }\n"
             }
             H::LdEarlyV2 => {
                 "// An 8-byte load of data read once, issued before grid_dependency_wait(): coherent (not\n\
-                 // .nc), so ptxas keeps it before the wait; no L1 allocation.\n\
+                 // .nc), so ptxas keeps it before the wait, and volatile, so the compiler does too; no\n\
+                 // L1 allocation.\n\
                  __device__ __forceinline__ uint2 ld_early_u32x2(const void* p) {\n\
                  \x20   uint2 r;\n\
-                 \x20   asm(\"ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];\" : \"=r\"(r.x), \"=r\"(r.y) : \"l\"(p));\n\
+                 \x20   asm volatile(\"ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];\" : \"=r\"(r.x), \"=r\"(r.y) : \"l\"(p));\n\
                  \x20   return r;\n\
                  }\n"
             }

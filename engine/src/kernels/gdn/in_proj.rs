@@ -158,6 +158,7 @@ pub fn gdn_in_proj_bf16(
         MMA == 0 || DIRECT == 0,
         MMA == 0 || hidden % (128 * UNROLL) == 0,
         hidden % (32 * 16) == 0,
+        hidden >= 512,
         hidden <= 4096,
         MMA == 1 || hidden <= 512 * STEPS,
         // UNROLL steps only the tensor-core path, STEPS only the f32 one: one tile set each.
@@ -192,8 +193,9 @@ pub fn gdn_in_proj_nvfp4(
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
     // f32 path: the warp's weights do not depend on the predecessor, so every code and block
     // scale of the lane is loaded before the wait, all in flight together: step j is values
-    // lane·16 + 512·j of each of the ROWS rows. Steps past the row's end and rows past the last
-    // repeat the last one, with a zero scale (no branch around the loads).
+    // lane·16 + 512·j of each of the ROWS rows. Steps past the row's end repeat the last one with
+    // a zero scale, rows past the last load the last row and write nothing (no branch around the
+    // loads).
     let mut codes = [u32x2(0, 0); ROWS * STEPS * (1 - MMA) + MMA];
     let mut wscale = [0.0; ROWS * STEPS * (1 - MMA) + MMA];
     if MMA == 0 {

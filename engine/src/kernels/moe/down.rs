@@ -14,9 +14,9 @@ use kernel_macros::kernel;
 /// A warp owns ROWS output rows. Its lanes split one flat list of tasks, a task being one
 /// 16-value chunk of one slot (the routed slots' chunks, then the shared expert's): lane l takes
 /// tasks l, l + 32, ..., at most BATCH of them (the published shape has 440 tasks, 14 a lane). A
-/// lane first loads the codes and block scales of all its tasks, then uses them: BATCH loads in
-/// flight a lane, where a loop that uses each load right after issuing it keeps one or two (the
-/// compiler interleaves them). Each lane's sum is weighted per task and the lanes are added by a
+/// lane first loads the codes and block scales of all its tasks, then uses them: 2·BATCH·ROWS
+/// loads in flight a lane, where a loop that uses each load right after issuing it keeps one or
+/// two (the compiler interleaves them). Each lane's sum is weighted per task and the lanes are added by a
 /// fixed butterfly: one order, no atomics.
 ///
 /// The kernel overlaps the gate/up kernel (programmatic dependent launch). The route and the
@@ -38,6 +38,7 @@ use kernel_macros::kernel;
     require(
         top_k + 1 <= 32 * WARPS,
         top_k < 64,
+        inter >= 16,
         inter % 16 == 0,
         shared_inter % 16 == 0,
         top_k * (inter / 16) + shared_inter / 16 <= 32 * BATCH,
