@@ -48,23 +48,19 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
     for meta in metas {
         match meta {
             Meta::NameValue(nv) if nv.path.is_ident("block") => {
-                let names = names_in(&nv.value, scope)?;
-                if let Some(arg) = names.iter().find(|n| scope.scalars.contains(n)) {
-                    return Err(syn::Error::new_spanned(
-                        arg,
-                        "the block size depends on tiles alone (it is the kernel's __launch_bounds__)",
-                    ));
-                }
+                tiles_alone(
+                    &nv.value,
+                    scope,
+                    "the block size depends on tiles alone (it is the kernel's __launch_bounds__)",
+                )?;
                 block = Some(nv.value);
             }
             Meta::NameValue(nv) if nv.path.is_ident("min_blocks") => {
-                let names = names_in(&nv.value, scope)?;
-                if let Some(arg) = names.iter().find(|n| scope.scalars.contains(n)) {
-                    return Err(syn::Error::new_spanned(
-                        arg,
-                        "`min_blocks` depends on tiles alone (it is the second argument of __launch_bounds__)",
-                    ));
-                }
+                tiles_alone(
+                    &nv.value,
+                    scope,
+                    "`min_blocks` depends on tiles alone (it is the second argument of __launch_bounds__)",
+                )?;
                 if min_blocks.is_some() {
                     return Err(syn::Error::new_spanned(&nv.path, "`min_blocks` is given twice"));
                 }
@@ -114,6 +110,15 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
         requires,
         cooperative,
     })
+}
+
+/// An error at the first scalar argument `expr` reads: what `__launch_bounds__` takes is fixed
+/// when the kernel is specialised, before any launch.
+fn tiles_alone(expr: &Expr, scope: &Scope<'_>, message: &str) -> syn::Result<()> {
+    match names_in(expr, scope)?.iter().find(|n| scope.scalars.contains(n)) {
+        Some(arg) => Err(syn::Error::new_spanned(arg, message)),
+        None => Ok(()),
+    }
 }
 
 /// The tile and scalar names an expression reads; an unknown name is an error at its span.
