@@ -16,8 +16,8 @@ use kernel_macros::kernel;
 /// tasks l, l + 32, ..., at most BATCH of them (the published shape has 440 tasks, 14 a lane). A
 /// lane first loads the codes and block scales of all its tasks, then uses them: 2·BATCH·ROWS
 /// loads in flight a lane, where a loop that uses each load right after issuing it keeps one or
-/// two (the compiler interleaves them). Each lane's sum is weighted per task and the lanes are added by a
-/// fixed butterfly: one order, no atomics.
+/// two (the compiler interleaves them). Each lane's sum is weighted per task and the lanes are
+/// added by a fixed butterfly: one order, no atomics.
 ///
 /// The kernel overlaps the gate/up kernel (programmatic dependent launch). The route and the
 /// routing weights are known before the wait (the router finished before the gate/up kernel let

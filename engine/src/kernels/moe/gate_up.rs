@@ -20,10 +20,11 @@ use kernel_macros::kernel;
 /// the default BATCH 5), and is compiled for MIN_BLOCKS blocks an SM (`__launch_bounds__`): with
 /// no bound ptxas budgets 48 registers and moves each load next to its use (17.5 against 9.8 µs
 /// at the defaults on the H200); bounded to 2 blocks of 256 threads it takes 108 and keeps the
-/// loads ahead of the products. A block owns TILE = WARPS·(32/LANES)·ROWS consecutive rows of one slot, a
-/// multiple of 16, so it stages its own h for the down projection with no grid-wide step: f16
-/// pairs per 16-row chunk divided by the chunk's max|h| (`h_staged` [(top_k + 1)·h_stride/8],
-/// `h_scale` [(top_k + 1)·h_stride/16]); h also goes out in f32 (`h`, for tests and tools).
+/// loads ahead of the products. A block owns TILE = WARPS·(32/LANES)·ROWS consecutive rows of one
+/// slot, a multiple of 16, so it stages its own h for the down projection with no grid-wide step:
+/// f16 pairs per 16-row chunk divided by the chunk's max|h| (`h_staged` [(top_k +
+/// 1)·h_stride/8], `h_scale` [(top_k + 1)·h_stride/16]); h also goes out in f32 (`h`, for tests
+/// and tools).
 ///
 /// The kernel overlaps the router (programmatic dependent launch): before the wait only the
 /// shared expert's blocks run, asking L2 for their rows, which do not depend on the route; with
