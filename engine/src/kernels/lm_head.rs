@@ -137,9 +137,16 @@ pub fn lm_head_argmax_bf16(
 ///
 /// Every block first stages x in shared memory as the sm_90 and sm_121a FP4 dot products read
 /// it (f16 pairs, each 16-value chunk divided by its max|x|, as the MoE router stages x), which
-/// costs it 5 KB from L2 (hidden 2560) and saves a launch. A group of LANES lanes takes a row; per step a lane
-/// streams 16 FP4 values (8 bytes) and their block scale, sums f16 products per 16-value block
-/// and scales them in f32.
+/// costs it 5 KB from L2 (hidden 2560) and saves a launch. A group of LANES lanes takes a row; per
+/// step a lane streams 16 FP4 values (8 bytes) and their block scale, sums f16 products per
+/// 16-value block and scales them in f32. A lane loads all STEPS steps of its row (hidden ≤
+/// 16·LANES·STEPS: the published row is 10 steps at 16 lanes) before its first product, so they
+/// are in flight together; a loop that loads each step right before its products keeps one or
+/// two in flight (NVIDIA H200, `benches/lm_head.rs`: 126.0 against 136.0 µs, 2026-11-30).
+///
+/// Loading the next row's steps before this row's products, or the first row's before x is
+/// staged, was slower in the same run (146 µs): the lane then holds two rows of codes, 96
+/// registers at 16 warps, and the SM runs one block instead of several.
 #[kernel(
     block = 32 * WARPS,
     grid = blocks,
@@ -147,6 +154,7 @@ pub fn lm_head_argmax_bf16(
         32 % LANES == 0,
         hidden % (16 * LANES) == 0,
         hidden <= 4096,
+        hidden <= 16 * LANES * STEPS,
         vocab % (32 / LANES) == 0,
         blocks >= 1,
         blocks <= 65535,
@@ -154,11 +162,11 @@ pub fn lm_head_argmax_bf16(
 )]
 pub fn lm_head_argmax_nvfp4(
     #[tile(default = 16, candidates = [8, 16, 32])] LANES: u32,
-    // Defaults: the H200's fastest of the 27 sets (same run as the bf16 kernel's): 133.6 against
-    // 176.8 µs for WARPS 8, UNROLL 4, which had been the fastest before the loops were counted.
-    #[tile(default = 16, candidates = [4, 8, 16])] WARPS: u32,
-    // UNROLL 2 spills a register on sm_121a (NVRTC 13.0's ptxas); 1, 4 and 8 do not.
-    #[tile(default = 8, candidates = [1, 4, 8])] UNROLL: u32,
+    // Defaults: the H200's fastest of the sweep (2026-11-30, 19:20 UTC call): 4 warps 126.0 µs,
+    // 8 warps 129.8, 16 warps 131.3.
+    #[tile(default = 4, candidates = [4, 8, 16])] WARPS: u32,
+    // Steps of a row a lane holds: 10 is the published row at 16 lanes.
+    #[tile(default = 10, candidates = [10, 16])] STEPS: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
     scale2: &[f32],
@@ -218,15 +226,30 @@ pub fn lm_head_argmax_nvfp4(
     // Every lane of a warp runs the same number of rows (vocab is a multiple of the warp's
     // groups), so the shuffles below always see the whole warp.
     for r in (block_idx() * groups + thread_idx() / LANES..vocab).step_by(blocks * groups) {
+        // The row's codes and block scales, every load issued before the first is used. The
+        // scales stay e4m3 until they are used: converting one waits for its load, which would
+        // hold back the loads behind it (the fill, `scales[0]`, is any e4m3; every entry used is
+        // overwritten). Steps past the row load nothing and add nothing.
+        let mut codes = [u32x2(0, 0); STEPS];
+        let mut block_scale = [scales[0]; STEPS];
+        #[unroll]
+        for j in 0..STEPS {
+            let c = lane * 16 + 16 * LANES * j;
+            if c < hidden {
+                codes[j] = load_stream::<u32x2>(packed, r * (hidden / 2) + c / 2);
+                block_scale[j] = scales[r * (hidden / 16) + c / 16];
+            }
+        }
         let mut acc = 0.0;
-        #[unroll(UNROLL)]
-        for c in (lane * 16..hidden).step_by(16 * LANES) {
-            let at = c / 2;
-            let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
-            let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
-            let wv = load_stream::<u32x2>(packed, r * (hidden / 2) + c / 2);
-            let ws = scales[r * (hidden / 16) + c / 16] as f32;
-            acc += dot_e2m1x16(wv, xa, xb) * (ws * xsc[c / 16]);
+        #[unroll]
+        for j in 0..STEPS {
+            let c = lane * 16 + 16 * LANES * j;
+            if c < hidden {
+                let at = c / 2;
+                let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
+                let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
+                acc += dot_e2m1x16(codes[j], xa, xb) * ((block_scale[j] as f32) * xsc[c / 16]);
+            }
         }
         #[unroll]
         for i in 0..5 {
