@@ -9,9 +9,10 @@ use clap::Parser;
 ///
 /// With no --model it runs the model embedded in the binary: tests/data/tiny-step (3 layers at the
 /// step's shapes, random weights, vocabulary 512, no tokenizer.json: text is byte-level, UTF-8
-/// bytes are ids and ids ≥ 256 print as <id>). The backend is the CPU reference (f32, exact, slow
-/// on a full model) until the GPU engine lands; it says so on stderr. Diagnostics, progress and
-/// timing go to stderr, the generated text (or ids) to stdout.
+/// bytes are ids and ids ≥ 256 print as <id>). With a CUDA device the GPU engine runs the step (one
+/// CUDA graph replayed per token); without one, or with --cpu, the CPU reference does (f32, exact,
+/// slow on a full model), and it says which on stderr. Diagnostics, progress and timing go to
+/// stderr, the generated text (or ids) to stdout.
 #[derive(Parser, Debug, Clone)]
 #[command(version, about, long_about, name = "decode")]
 pub struct Cli {
