@@ -1,0 +1,118 @@
+//! One kernel as the engine compiles it: its CUDA C at a tile set, the cubin's resources, and its
+//! SASS mapped (`tools::inspect`).
+//!
+//! `kernel-inspect lm_head_argmax_nvfp4 --arch sm_90 --tiles "LANES=16 WARPS=8 STEPS=10" --sass`
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use engine::cuda::nvrtc;
+use kernel_dsl::{Arch, emit};
+use tools::inspect;
+
+/// Compiles one kernel of the engine with NVRTC, as the engine does at load, and shows what came
+/// out: registers, spills, shared memory and the cubin's size; the emitted CUDA C (--cuda); the
+/// SASS reduced to its global loads and a map of their order against the grid dependency wait,
+/// the barriers and the products (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, or
+/// `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` with their bin/ on the PATH). No GPU
+/// is needed. With --out the source, the cubin and the SASS are written to a folder.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about, name = "kernel-inspect")]
+struct Cli {
+    /// The kernel (its name in engine/src/kernels; --list shows them).
+    #[arg(required_unless_present = "list")]
+    kernel: Option<String>,
+    /// List every kernel with its default tiles and its number of candidate tile sets.
+    #[arg(long)]
+    list: bool,
+    /// The architecture: sm_90 (H200) or sm_121a (GB10).
+    #[arg(long, default_value = "sm_90")]
+    arch: String,
+    /// A declared tile set, NAME=value pairs in any order (as the tuning tables write them);
+    /// default: the kernel's defaults.
+    #[arg(long, value_name = "TILES")]
+    tiles: Option<String>,
+    /// Print the emitted CUDA C.
+    #[arg(long)]
+    cuda: bool,
+    /// Disassemble the cubin and map its loads.
+    #[arg(long)]
+    sass: bool,
+    /// Write <stem>.cu, <stem>.cubin (and <stem>.sass with --sass) into this folder.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), String> {
+    let arch: Arch = cli.arch.parse()?;
+    if cli.list {
+        // Written by hand, not println!, so that a reader that stops early (`| head`) ends the
+        // listing instead of a panic.
+        let mut out = std::io::stdout().lock();
+        for k in engine::kernels::ALL {
+            let d = k.default_kernel(arch).map_err(|e| e.to_string())?;
+            let line =
+                format!("{:<24} {:<48} {} candidates", k.name(), d.key.tiles_string(), k.candidate_kernels(arch).len());
+            if writeln!(out, "{line}").is_err() {
+                break;
+            }
+        }
+        return Ok(());
+    }
+    let name = cli.kernel.as_deref().ok_or("name a kernel, or --list")?;
+    let kernel = inspect::at_tiles(inspect::find(name)?, arch, cli.tiles.as_deref())?;
+    let source = emit::cuda(&kernel);
+    nvrtc::load().map_err(|e| e.to_string())?;
+    let cubin = nvrtc::compile(&source, name, arch).map_err(|e| e.to_string())?;
+    let r = &cubin.resources;
+    println!("{}", kernel.key);
+    println!(
+        "{} threads a block (at least {} blocks an SM), {} registers, {} B spilled, {} B stack, {} B shared, {} B cubin",
+        kernel.block_threads,
+        kernel.min_blocks,
+        r.registers,
+        r.spill_store_bytes,
+        r.stack_frame_bytes,
+        r.shared_bytes,
+        cubin.image.len()
+    );
+    if cli.cuda {
+        print!("{source}");
+    }
+    let stem = kernel.key.file_stem();
+    if let Some(dir) = &cli.out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for (ext, bytes) in [("cu", source.as_bytes()), ("cubin", &cubin.image[..])] {
+            let f = dir.join(format!("{stem}.{ext}"));
+            std::fs::write(&f, bytes).map_err(|e| format!("{}: {e}", f.display()))?;
+        }
+    }
+    if cli.sass {
+        let tool = inspect::find_cuobjdump().ok_or(
+            "--sass needs cuobjdump (and nvdisasm): none in $CUDA_PATH/bin, /usr/local/cuda/bin or on the PATH; \
+             a CUDA toolkit has both, or `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` and put their bin/ \
+             on the PATH",
+        )?;
+        let scratch = std::env::temp_dir();
+        let sass = inspect::disassemble(&cubin.image, &tool, &scratch)?;
+        if let Some(dir) = &cli.out {
+            let f = dir.join(format!("{stem}.sass"));
+            std::fs::write(&f, &sass).map_err(|e| format!("{}: {e}", f.display()))?;
+        }
+        println!("{}", inspect::summarise(&sass));
+    }
+    Ok(())
+}

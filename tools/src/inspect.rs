@@ -1,0 +1,222 @@
+//! `kernel-inspect`: one kernel as the engine compiles it, for reading what runs. The CUDA C it
+//! emits at a tile set, the resources ptxas gave the cubin, and its SASS with a one-line map of
+//! where the global loads stand against the grid dependency wait, the barriers and the products.
+//!
+//! Why a tool: BENCHMARKS.md explains kernels' times by their instruction order ("every weight
+//! load is issued before the wait", "ptxas moved the loads next to their uses"). Those claims come
+//! from the SASS of the cubin NVRTC makes, which nothing else in the repository shows; with this,
+//! anyone with NVRTC can check them (the SASS needs `cuobjdump` and `nvdisasm`, from a CUDA
+//! toolkit or NVIDIA's `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` wheels).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use engine::kernels::ALL;
+use kernel_dsl::{AnyKernel, Arch, Kernel};
+
+/// The kernel named `name`, or an error that lists every kernel.
+pub fn find(name: &str) -> Result<&'static dyn AnyKernel, String> {
+    ALL.iter().copied().find(|k| k.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = ALL.iter().map(|k| k.name()).collect();
+        format!("no kernel `{name}`; the kernels are: {}", names.join(", "))
+    })
+}
+
+/// `kernel` specialised for `arch` at its default tiles (`tiles` None) or at the declared tile
+/// set written `tiles` (`NAME=value` pairs in any order, as the tuning tables write them:
+/// `LANES=16 WARPS=8 STEPS=10`). A set that is not among the kernel's candidates is refused with
+/// the default and a few candidates, so a typo does not pass for a tile set.
+pub fn at_tiles(kernel: &dyn AnyKernel, arch: Arch, tiles: Option<&str>) -> Result<Kernel, String> {
+    let default = kernel.default_kernel(arch).map_err(|e| e.to_string())?;
+    let Some(text) = tiles else { return Ok(default) };
+    let want = normalise(text)?;
+    if normalise(&default.key.tiles_string())? == want {
+        return Ok(default);
+    }
+    let candidates: Vec<Kernel> = kernel.candidate_kernels(arch).into_iter().filter_map(Result::ok).collect();
+    if let Some(k) = candidates.iter().find(|k| normalise(&k.key.tiles_string()).ok().as_ref() == Some(&want)) {
+        return Ok(k.clone());
+    }
+    let shown: Vec<String> = candidates.iter().take(6).map(|k| format!("`{}`", k.key.tiles_string())).collect();
+    Err(format!(
+        "`{text}` is not a tile set of {} (default `{}`; {} candidates, for example {})",
+        kernel.name(),
+        default.key.tiles_string(),
+        candidates.len(),
+        shown.join(", ")
+    ))
+}
+
+/// `NAME=value` pairs sorted by name, so that their order does not matter.
+fn normalise(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut pairs = Vec::new();
+    for part in text.split_whitespace() {
+        let (name, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}` is not NAME=value (tiles read `LANES=16 WARPS=8`)"))?;
+        pairs.push((name.to_ascii_uppercase(), value.to_ascii_lowercase()));
+    }
+    pairs.sort();
+    Ok(pairs)
+}
+
+/// `cuobjdump` from `$CUDA_PATH/bin`, `/usr/local/cuda/bin` or the `PATH`.
+pub fn find_cuobjdump() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("CUDA_PATH") {
+        dirs.push(PathBuf::from(p).join("bin"));
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/bin"));
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs.into_iter().map(|d| d.join("cuobjdump")).find(|f| f.is_file())
+}
+
+/// The SASS of `cubin` as `cuobjdump -sass` prints it. cuobjdump runs `nvdisasm`, looked up on
+/// the `PATH` with cuobjdump's own folder first (the wheels install them side by side only when
+/// both are asked for, so a missing one is named).
+pub fn disassemble(cubin: &[u8], cuobjdump: &Path, scratch: &Path) -> Result<String, String> {
+    let file = scratch.join("kernel-inspect.cubin");
+    std::fs::write(&file, cubin).map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut path = cuobjdump.parent().map(|d| vec![d.to_path_buf()]).unwrap_or_default();
+    if let Some(p) = std::env::var_os("PATH") {
+        path.extend(std::env::split_paths(&p));
+    }
+    let joined = std::env::join_paths(path).map_err(|e| e.to_string())?;
+    let out = Command::new(cuobjdump)
+        .arg("-sass")
+        .arg(&file)
+        .env("PATH", joined)
+        .output()
+        .map_err(|e| format!("{}: {e}", cuobjdump.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || !text.contains("Function") || err.contains("nvdisasm") {
+        return Err(format!("{} -sass failed: {}{}", cuobjdump.display(), err.trim(), text.trim()));
+    }
+    Ok(text)
+}
+
+/// What the SASS of one kernel says about its memory traffic and its order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// Instructions, the NOPs of the padding left out.
+    pub instructions: usize,
+    /// Global loads by their SASS form (`LDG.E.NA.64`, `LDG.E.U8.CONSTANT`, ...), in first-seen order.
+    pub loads: Vec<(String, usize)>,
+    /// The map, one letter an event in program order (see [`Summary::LEGEND`]).
+    pub order: String,
+}
+
+impl Summary {
+    /// What the letters of [`Summary::order`] stand for.
+    pub const LEGEND: &'static str = "G a global load of 8 or 16 bytes, g a narrower one, W the grid dependency wait \
+        (griddepcontrol.wait, ACQBULK), P the dependents' launch (PREEXIT), B a barrier, S/L a shared store/load, \
+        h an f16x2 product (HFMA2), m a tensor-core product (HMMA), | a branch, X an exit";
+}
+
+/// Reads `cuobjdump -sass` output (one kernel) into a [`Summary`].
+pub fn summarise(sass: &str) -> Summary {
+    let mut instructions = 0;
+    let mut loads: Vec<(String, usize)> = Vec::new();
+    let mut order = String::new();
+    for line in sass.lines() {
+        // Instruction lines: `/*0060*/  [@P0] OPCODE operands ;`
+        let Some(rest) = line.trim_start().strip_prefix("/*") else { continue };
+        let Some((addr, rest)) = rest.split_once("*/") else { continue };
+        if !addr.chars().all(|c| c.is_ascii_hexdigit()) {
+            continue;
+        }
+        let mut words = rest.split_whitespace();
+        let mut op = words.next().unwrap_or("");
+        if op.starts_with('@') {
+            op = words.next().unwrap_or("");
+        }
+        let op = op.trim_end_matches(';');
+        if op.is_empty() || op == "NOP" {
+            continue;
+        }
+        instructions += 1;
+        let base = op.split('.').next().unwrap_or(op);
+        let letter = match base {
+            "LDG" => {
+                match loads.iter_mut().find(|(o, _)| o == op) {
+                    Some((_, n)) => *n += 1,
+                    None => loads.push((op.to_owned(), 1)),
+                }
+                Some(if op.contains(".64") || op.contains(".128") { 'G' } else { 'g' })
+            }
+            "ACQBULK" => Some('W'),
+            "PREEXIT" => Some('P'),
+            "BAR" => Some('B'),
+            "STS" => Some('S'),
+            "LDS" => Some('L'),
+            "HFMA2" => Some('h'),
+            "HMMA" => Some('m'),
+            "BRA" => Some('|'),
+            "EXIT" => Some('X'),
+            _ => None,
+        };
+        order.extend(letter);
+    }
+    Summary { instructions, loads, order }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} instructions", self.instructions)?;
+        let loads: Vec<String> = self.loads.iter().map(|(op, n)| format!("{n} {op}")).collect();
+        writeln!(f, "global loads: {}", if loads.is_empty() { "none".to_owned() } else { loads.join(", ") })?;
+        writeln!(f, "order: {}", self.order)?;
+        write!(f, "  ({})", Self::LEGEND)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cuobjdump excerpt: loads on both sides of the wait, a predicated load, padding.
+    const SASS: &str = "
+        Function : k
+        /*0000*/                   LDC R1, c[0x0][0x28] ;   /* 0x00000a00ff017b82 */
+        /*0060*/                   LDG.E.NA.64 R4, desc[UR4][R2.64] ;
+        /*0070*/              @P0  LDG.E.U8.CONSTANT R6, desc[UR4][R2.64] ;
+        /*0080*/                   ACQBULK ;
+        /*0090*/                   LDG.E.NA.64 R8, desc[UR4][R2.64+0x8] ;
+        /*00a0*/                   HFMA2 R0, R4, R8, RZ ;
+        /*00b0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00c0*/                   EXIT ;
+        /*00d0*/                   BRA 0xd0;
+        /*00e0*/                   NOP;
+    ";
+
+    #[test]
+    fn the_summary_counts_loads_by_form_and_maps_them_against_the_wait() {
+        let s = summarise(SASS);
+        assert_eq!(s.instructions, 9);
+        assert_eq!(s.loads, vec![("LDG.E.NA.64".to_owned(), 2), ("LDG.E.U8.CONSTANT".to_owned(), 1)]);
+        assert_eq!(s.order, "GgWGhBX|");
+    }
+
+    #[test]
+    fn tiles_are_matched_in_any_order_and_a_stranger_is_refused_with_the_choices() {
+        let k = find("lm_head_argmax_nvfp4").expect("the kernel");
+        let default = k.default_kernel(Arch::Sm90).expect("default");
+        let tiles = default.key.tiles_string();
+        let reversed: Vec<&str> = tiles.split(' ').rev().collect();
+        let again = at_tiles(k, Arch::Sm90, Some(&reversed.join(" "))).expect("the default, reordered");
+        assert_eq!(again.key, default.key);
+        let cand = k.candidate_kernels(Arch::Sm90).into_iter().filter_map(Result::ok).next_back().expect("a candidate");
+        let got = at_tiles(k, Arch::Sm90, Some(&cand.key.tiles_string())).expect("a candidate");
+        assert_eq!(got.key, cand.key);
+        let e = at_tiles(k, Arch::Sm90, Some("LANES=3")).expect_err("no such set");
+        assert!(e.contains("not a tile set") && e.contains(&default.key.tiles_string()), "{e}");
+        let e = at_tiles(k, Arch::Sm90, Some("LANES")).expect_err("not NAME=value");
+        assert!(e.contains("NAME=value"), "{e}");
+        let e = find("lm_head").err().expect("no such kernel");
+        assert!(e.contains("lm_head_argmax_nvfp4") && e.contains("gemv_bf16"), "{e}");
+    }
+}
