@@ -3,7 +3,8 @@
 //!
 //! `kernel-inspect lm_head_argmax_nvfp4 --arch sm_90 --tiles "LANES=16 WARPS=8 STEPS=10" --sass`
 
-use std::io::Write;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -58,19 +59,16 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<(), String> {
     let arch: Arch = cli.arch.parse()?;
+    // Everything for stdout is gathered and written once (`show`), so that a reader that stops
+    // early (`| head`) ends the output instead of a panic in println!.
+    let mut text = String::new();
     if cli.list {
-        // Written by hand, not println!, so that a reader that stops early (`| head`) ends the
-        // listing instead of a panic.
-        let mut out = std::io::stdout().lock();
         for k in engine::kernels::ALL {
             let d = k.default_kernel(arch).map_err(|e| e.to_string())?;
-            let line =
-                format!("{:<24} {:<48} {} candidates", k.name(), d.key.tiles_string(), k.candidate_kernels(arch).len());
-            if writeln!(out, "{line}").is_err() {
-                break;
-            }
+            let n = k.candidate_kernels(arch).len();
+            let _ = writeln!(text, "{:<24} {:<48} {n} candidates", k.name(), d.key.tiles_string());
         }
-        return Ok(());
+        return show(&text);
     }
     let name = cli.kernel.as_deref().ok_or("name a kernel, or --list")?;
     let kernel = inspect::at_tiles(inspect::find(name)?, arch, cli.tiles.as_deref())?;
@@ -78,8 +76,9 @@ fn run(cli: &Cli) -> Result<(), String> {
     nvrtc::load().map_err(|e| e.to_string())?;
     let cubin = nvrtc::compile(&source, name, arch).map_err(|e| e.to_string())?;
     let r = &cubin.resources;
-    println!("{}", kernel.key);
-    println!(
+    let _ = writeln!(text, "{}", kernel.key);
+    let _ = writeln!(
+        text,
         "{} threads a block (at least {} blocks an SM), {} registers, {} B spilled, {} B stack, {} B shared, {} B cubin",
         kernel.block_threads,
         kernel.min_blocks,
@@ -90,7 +89,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         cubin.image.len()
     );
     if cli.cuda {
-        print!("{source}");
+        text.push_str(&source);
     }
     let stem = kernel.key.file_stem();
     if let Some(dir) = &cli.out {
@@ -112,7 +111,15 @@ fn run(cli: &Cli) -> Result<(), String> {
             let f = dir.join(format!("{stem}.sass"));
             std::fs::write(&f, &sass).map_err(|e| format!("{}: {e}", f.display()))?;
         }
-        println!("{}", inspect::summarise(&sass));
+        let _ = writeln!(text, "{}", inspect::summarise(&sass));
     }
-    Ok(())
+    show(&text)
+}
+
+/// Writes `text` to stdout; a closed pipe (the reader stopped) is not an error.
+fn show(text: &str) -> Result<(), String> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
 }
