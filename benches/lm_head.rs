@@ -121,10 +121,14 @@ fn bench_lm_head(c: &mut Criterion) {
                 continue;
             }
             let t = LmHeadTiles { nvfp4: tiles, waves: wv, ..LmHeadTiles::default() };
-            // A set whose STEPS cannot hold the published row is not a candidate at this shape.
-            let Ok(mut head) = LmHead::nvfp4(&gpu, &m, t) else {
-                println!("lm_head nvfp4 {tiles:?}: does not fit {VOCAB} x {HIDDEN}");
-                continue;
+            // A set whose STEPS cannot hold the published row is not a candidate at this shape;
+            // the reason is printed, so that any other refusal shows too.
+            let mut head = match LmHead::nvfp4(&gpu, &m, t) {
+                Ok(head) => head,
+                Err(e) => {
+                    println!("lm_head nvfp4 {tiles:?}: skipped at {VOCAB} x {HIDDEN}: {e}");
+                    continue;
+                }
             };
             let (times, bytes) = time(&gpu, &mut head, &x);
             let default = tiles == lm_head_argmax_nvfp4::Tiles::DEFAULT && wv == LmHeadTiles::default().waves;

@@ -78,7 +78,8 @@ pub fn find_cuobjdump() -> Option<PathBuf> {
 /// the `PATH` with cuobjdump's own folder first (the wheels install them side by side only when
 /// both are asked for, so a missing one is named).
 pub fn disassemble(cubin: &[u8], cuobjdump: &Path, scratch: &Path) -> Result<String, String> {
-    let file = scratch.join("kernel-inspect.cubin");
+    // One file a process, so that two runs at once do not read each other's cubin.
+    let file = scratch.join(format!("kernel-inspect-{}.cubin", std::process::id()));
     std::fs::write(&file, cubin).map_err(|e| format!("{}: {e}", file.display()))?;
     let mut path = cuobjdump.parent().map(|d| vec![d.to_path_buf()]).unwrap_or_default();
     if let Some(p) = std::env::var_os("PATH") {
@@ -90,7 +91,9 @@ pub fn disassemble(cubin: &[u8], cuobjdump: &Path, scratch: &Path) -> Result<Str
         .arg(&file)
         .env("PATH", joined)
         .output()
-        .map_err(|e| format!("{}: {e}", cuobjdump.display()))?;
+        .map_err(|e| format!("{}: {e}", cuobjdump.display()));
+    let _ = std::fs::remove_file(&file);
+    let out = out?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() || !text.contains("Function") || err.contains("nvdisasm") {

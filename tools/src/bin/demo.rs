@@ -38,7 +38,8 @@ struct Cli {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Print a kernel's generated CUDA (gemv_bf16 or zc_rmsnorm) for --arch and exit.
+    /// Print a kernel's generated CUDA at its default tiles for --arch and exit (any kernel of
+    /// engine/src/kernels; `kernel-inspect` shows other tile sets, resources and SASS).
     #[arg(long, value_name = "KERNEL")]
     show_cuda: Option<String>,
     /// The architecture for --show-cuda: sm_90 or sm_121a.
@@ -88,10 +89,7 @@ fn worst_relative(got: &[f32], want: &[f32], floor: f32) -> (f32, bool) {
 fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(name) = &cli.show_cuda {
         let arch: Arch = cli.arch.parse()?;
-        let kernel = engine::kernels::ALL
-            .iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| format!("no kernel `{name}`; there are: {}", kernel_names()))?;
+        let kernel = tools::inspect::find(name)?;
         print!("{}", kernel_dsl::emit::cuda(&kernel.default_kernel(arch)?));
         return Ok(());
     }
@@ -218,8 +216,4 @@ fn run(cli: &Cli) -> Result<(), Box<dyn std::error::Error>> {
         return Err("a GPU result disagrees with its reference".into());
     }
     Ok(())
-}
-
-fn kernel_names() -> String {
-    engine::kernels::ALL.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
 }
