@@ -20,16 +20,21 @@
 //
 // Grid (kv_heads, splits of CHUNK tokens); splits = ⌈(top + 1)·c / CHUNK⌉ (the launch dims'
 // `grid[1]`, which the combine takes). A block serves the `group` = q_heads / kv_heads query
-// heads of its key/value head, so each K and V row is read once: the queries are staged in
-// shared memory; each warp takes a token, its lanes 16-byte (or 8-byte) loads of the key row,
-// and a warp sum per query head gives the logits; then one thread per head turns its logits
-// into exp(l − m) and keeps (m, Σ) for the chunk; then thread t accumulates dimensions 2t and
-// 2t+1 of every head over the chunk's values. The split's unnormalised output and (m, Σ) go to
-// `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits, 2], and the
-// block ends there: the combine is a separate launch spread over many blocks (one block per
-// key/value head combining every split serialised the whole kernel on its L2 loads). Splits
-// past the selection's end write an empty partial (m = −∞, Σ = 0); split 0 always holds the
-// current token.
+// heads of its key/value head, so each K and V row is read once. The split's unnormalised output
+// and (m, Σ) go to `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits,
+// 2]; splits past the selection's end write an empty partial (m = −∞, Σ = 0, zeros) and stop;
+// split 0 always holds the current token.
+//
+// The block is one chain of memory round trips (the selection, then K and V), so every load of a
+// round is issued before the first use of any: once the chunk's rows are known, each thread loads
+// its V values (dimensions 2t and 2t + 1 of every token of the chunk) and each warp its K rows
+// (tokens w, w + WARPS, …; lanes 16- or 8-byte pieces), all in flight together. Tokens past the
+// chunk's end read the chunk's last row and weigh 0. The logits of a head are T = CHUNK / WARPS
+// per-lane partial dots a warp; a reduce-scatter butterfly (halve the set at each of the first
+// log2 T steps, then plain) leaves token t's sum on lanes t·32/T …, in 5 + T − 2 shuffles a head
+// instead of 5·T. A warp per head then takes the chunk's softmax numerators (a lane a token) and
+// its (m, Σ), and thread t sums dimensions 2t and 2t + 1 of every head over the chunk. Every sum
+// has a fixed order, so a launch's bits repeat.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
@@ -47,6 +52,13 @@ __device__ __forceinline__ float2 bf16x2_to_float2(unsigned w) {
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
+// Butterfly maximum over the 32 lanes of a warp; every lane gets it.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
     return v;
 }
 
@@ -80,100 +92,149 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned chosen = min(count[0u], top) * c;
     const unsigned total = chosen + (pos + 1u - complete * c);
     const unsigned t0 = split * 16u;
-    const unsigned len = t0 < total ? min(16u, total - t0) : 0u;
-    const unsigned row_stride = kv_heads * head_dim;
-    for (unsigned __i_i = 0u, __i_n = group * head_dim > threadIdx.x ? (group * head_dim - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = threadIdx.x + __i_i * 128u;
-        qs[i] = q[kvh * group * head_dim + i];
+    const unsigned d = 2u * threadIdx.x;
+    if (t0 >= total) {
+        if (threadIdx.x < group) {
+            const unsigned slot = (kvh * group + threadIdx.x) * splits + split;
+            partial_ml[2u * slot] = -__uint_as_float(0x7f800000u);
+            partial_ml[2u * slot + 1u] = 0.0f;
+        }
+        for (unsigned h = 0u; h < group; ++h) {
+            const unsigned at = ((kvh * group + h) * splits + split) * head_dim + d;
+            partial_acc[at] = 0.0f;
+            partial_acc[at + 1u] = 0.0f;
+        }
+        return;
     }
-    for (unsigned __i_i = 0u, __i_n = len > threadIdx.x ? (len - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = threadIdx.x + __i_i * 128u;
-        const unsigned j = t0 + i;
+    const unsigned len = min(16u, total - t0);
+    for (unsigned __i_i = 0u, __i_n = group * head_dim > 4u * threadIdx.x ? (group * head_dim - 4u * threadIdx.x - 1u) / 512u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = 4u * threadIdx.x + __i_i * 512u;
+        *reinterpret_cast<float4*>(qs + i) = *reinterpret_cast<const float4*>(q + (kvh * group * head_dim + i));
+    }
+    if (threadIdx.x < 16u) {
+        const unsigned j = t0 + min(threadIdx.x, len - 1u);
         const unsigned token = j < chosen ? selected[j / c] * c + j % c : complete * c + (j - chosen);
-        rows[i] = token * row_stride + kvh * head_dim;
+        rows[threadIdx.x] = token * kv_heads * head_dim + kvh * head_dim;
     }
     __syncthreads();
-    for (unsigned __i_i = 0u, __i_n = len > threadIdx.x >> 5 ? (len - (threadIdx.x >> 5) - 1u) / 4u + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = (threadIdx.x >> 5) + __i_i * 4u;
-        const unsigned d0 = (threadIdx.x & 31u) * per_lane;
-        float k[8] = {};
+    float v0[16] = {};
+    float v1[16] = {};
+    #pragma unroll
+    for (unsigned i = 0u; i < 16u; ++i) {
+        v0[i] = bf16_to_f32(v_cache[rows[i] + d]);
+        v1[i] = bf16_to_f32(v_cache[rows[i] + d + 1u]);
+    }
+    const unsigned d0 = (threadIdx.x & 31u) * per_lane;
+    const uint4 __fill_keys = make_uint4(0u, 0u, 0u, 0u);
+    uint4 keys[4];
+    #pragma unroll
+    for (int __i = 0; __i < 4; ++__i) keys[__i] = __fill_keys;
+    #pragma unroll
+    for (unsigned t = 0u; t < 4u; ++t) {
+        const unsigned row = rows[(threadIdx.x >> 5) + t * 4u];
         if (per_lane == 8u) {
-            const uint4 v = *reinterpret_cast<const uint4*>(k_cache + (rows[i] + d0));
-            const float2 a = bf16x2_to_float2(v.x);
-            const float2 b = bf16x2_to_float2(v.y);
-            const float2 e = bf16x2_to_float2(v.z);
-            const float2 f = bf16x2_to_float2(v.w);
-            k[0u] = a.x;
-            k[1u] = a.y;
-            k[2u] = b.x;
-            k[3u] = b.y;
-            k[4u] = e.x;
-            k[5u] = e.y;
-            k[6u] = f.x;
-            k[7u] = f.y;
+            keys[t] = *reinterpret_cast<const uint4*>(k_cache + (row + d0));
         } else {
-            const uint2 v_1 = *reinterpret_cast<const uint2*>(k_cache + (rows[i] + d0));
-            const float2 a_1 = bf16x2_to_float2(v_1.x);
-            const float2 b_1 = bf16x2_to_float2(v_1.y);
-            k[0u] = a_1.x;
-            k[1u] = a_1.y;
-            k[2u] = b_1.x;
-            k[3u] = b_1.y;
+            const uint2 v = *reinterpret_cast<const uint2*>(k_cache + (row + d0));
+            keys[t] = make_uint4(v.x, v.y, 0u, 0u);
         }
-        #pragma unroll
-        for (unsigned h = 0u; h < 16u; ++h) {
-            if (h < group) {
-                float dot = 0.0f;
-                #pragma unroll
-                for (unsigned d = 0u; d < 8u; ++d) {
-                    dot += k[d] * qs[h * head_dim + d0 + d];
+    }
+    const unsigned tokens_per_warp = 4u;
+    const unsigned spread = 32u / tokens_per_warp;
+    #pragma unroll
+    for (unsigned h = 0u; h < 16u; ++h) {
+        if (h < group) {
+            const float4 qa = *reinterpret_cast<float4*>(qs + (h * head_dim + d0));
+            float4 qb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (per_lane == 8u) {
+                qb = *reinterpret_cast<float4*>(qs + (h * head_dim + d0 + 4u));
+            }
+            float part[4] = {};
+            #pragma unroll
+            for (unsigned t = 0u; t < 4u; ++t) {
+                const uint4 kv = keys[t];
+                const float2 a = bf16x2_to_float2(kv.x);
+                const float2 b = bf16x2_to_float2(kv.y);
+                float s = a.x * qa.x;
+                s = fmaf(a.y, qa.y, s);
+                s = fmaf(b.x, qa.z, s);
+                s = fmaf(b.y, qa.w, s);
+                if (per_lane == 8u) {
+                    const float2 e = bf16x2_to_float2(kv.z);
+                    const float2 f = bf16x2_to_float2(kv.w);
+                    s = fmaf(e.x, qb.x, s);
+                    s = fmaf(e.y, qb.y, s);
+                    s = fmaf(f.x, qb.z, s);
+                    s = fmaf(f.y, qb.w, s);
                 }
-                const float s = warp_sum(dot);
-                if ((threadIdx.x & 31u) == 0u) {
-                    p[h * 16u + i] = s * scale;
+                part[t] = s;
+            }
+            #pragma unroll
+            for (unsigned step = 0u; step < 5u; ++step) {
+                const unsigned offset = 16u >> step;
+                const unsigned half = tokens_per_warp >> (step + 1u);
+                if (half >= 1u) {
+                    const bool upper = (threadIdx.x & 31u & offset) != 0u;
+                    #pragma unroll
+                    for (unsigned t = 0u; t < 2u; ++t) {
+                        if (t < half) {
+                            const float send = upper ? part[t] : part[t + half];
+                            const float keep = upper ? part[t + half] : part[t];
+                            part[t] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+                        }
+                    }
+                } else {
+                    part[0u] += __shfl_xor_sync(0xffffffffu, part[0u], offset);
                 }
+            }
+            if ((threadIdx.x & 31u) % spread == 0u) {
+                p[h * 16u + (threadIdx.x >> 5) + (threadIdx.x & 31u) / spread * 4u] = part[0u] * scale;
             }
         }
     }
     __syncthreads();
-    if (threadIdx.x < group) {
-        const unsigned h_1 = threadIdx.x;
-        float m = -__uint_as_float(0x7f800000u);
-        for (unsigned i = 0u; i < len; ++i) {
-            m = fmaxf(m, p[h_1 * 16u + i]);
+    for (unsigned __h_i = 0u, __h_n = group > threadIdx.x >> 5 ? (group - (threadIdx.x >> 5) - 1u) / 4u + 1u : 0u; __h_i < __h_n; ++__h_i) {
+        const unsigned h = (threadIdx.x >> 5) + __h_i * 4u;
+        const bool live = (threadIdx.x & 31u) < len;
+        const float logit = live ? p[h * 16u + (threadIdx.x & 31u)] : -__uint_as_float(0x7f800000u);
+        const float m = warp_max(logit);
+        const float e_1 = live ? expf(logit - m) : 0.0f;
+        if ((threadIdx.x & 31u) < 16u) {
+            p[h * 16u + (threadIdx.x & 31u)] = e_1;
         }
-        float sum = 0.0f;
-        for (unsigned i = 0u; i < len; ++i) {
-            const float e_1 = expf(p[h_1 * 16u + i] - m);
-            p[h_1 * 16u + i] = e_1;
-            sum += e_1;
+        const float sum = warp_sum(e_1);
+        if ((threadIdx.x & 31u) == 0u) {
+            const unsigned slot_1 = (kvh * group + h) * splits + split;
+            partial_ml[2u * slot_1] = m;
+            partial_ml[2u * slot_1 + 1u] = sum;
         }
-        const unsigned slot = (kvh * group + h_1) * splits + split;
-        partial_ml[2u * slot] = m;
-        partial_ml[2u * slot + 1u] = sum;
     }
     __syncthreads();
-    const unsigned d_1 = 2u * threadIdx.x;
     float acc0[16] = {};
     float acc1[16] = {};
-    for (unsigned i = 0u; i < len; ++i) {
-        const float v0 = bf16_to_f32(v_cache[rows[i] + d_1]);
-        const float v1 = bf16_to_f32(v_cache[rows[i] + d_1 + 1u]);
+    #pragma unroll
+    for (unsigned i = 0u; i < 16u; i += 4u) {
         #pragma unroll
         for (unsigned h = 0u; h < 16u; ++h) {
             if (h < group) {
-                const float w = p[h * 16u + i];
-                acc0[h] += w * v0;
-                acc1[h] += w * v1;
+                const float4 w = *reinterpret_cast<float4*>(p + (h * 16u + i));
+                float a_1 = fmaf(w.x, v0[i], acc0[h]);
+                float b_1 = fmaf(w.x, v1[i], acc1[h]);
+                a_1 = fmaf(w.y, v0[i + 1u], a_1);
+                b_1 = fmaf(w.y, v1[i + 1u], b_1);
+                a_1 = fmaf(w.z, v0[i + 2u], a_1);
+                b_1 = fmaf(w.z, v1[i + 2u], b_1);
+                acc0[h] = fmaf(w.w, v0[i + 3u], a_1);
+                acc1[h] = fmaf(w.w, v1[i + 3u], b_1);
             }
         }
     }
     #pragma unroll
     for (unsigned h = 0u; h < 16u; ++h) {
         if (h < group) {
-            const unsigned at = ((kvh * group + h) * splits + split) * head_dim + d_1;
-            partial_acc[at] = acc0[h];
-            partial_acc[at + 1u] = acc1[h];
+            const unsigned at_1 = ((kvh * group + h) * splits + split) * head_dim + d;
+            partial_acc[at_1] = acc0[h];
+            partial_acc[at_1 + 1u] = acc1[h];
         }
     }
 }

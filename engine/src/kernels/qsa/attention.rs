@@ -20,21 +20,28 @@ use kernel_macros::kernel;
 ///
 /// Grid (kv_heads, splits of CHUNK tokens); splits = ⌈(top + 1)·c / CHUNK⌉ (the launch dims'
 /// `grid[1]`, which the combine takes). A block serves the `group` = q_heads / kv_heads query
-/// heads of its key/value head, so each K and V row is read once: the queries are staged in
-/// shared memory; each warp takes a token, its lanes 16-byte (or 8-byte) loads of the key row,
-/// and a warp sum per query head gives the logits; then one thread per head turns its logits
-/// into exp(l − m) and keeps (m, Σ) for the chunk; then thread t accumulates dimensions 2t and
-/// 2t+1 of every head over the chunk's values. The split's unnormalised output and (m, Σ) go to
-/// `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits, 2], and the
-/// block ends there: the combine is a separate launch spread over many blocks (one block per
-/// key/value head combining every split serialised the whole kernel on its L2 loads). Splits
-/// past the selection's end write an empty partial (m = −∞, Σ = 0); split 0 always holds the
-/// current token.
+/// heads of its key/value head, so each K and V row is read once. The split's unnormalised output
+/// and (m, Σ) go to `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits,
+/// 2]; splits past the selection's end write an empty partial (m = −∞, Σ = 0, zeros) and stop;
+/// split 0 always holds the current token.
+///
+/// The block is one chain of memory round trips (the selection, then K and V), so every load of a
+/// round is issued before the first use of any: once the chunk's rows are known, each thread loads
+/// its V values (dimensions 2t and 2t + 1 of every token of the chunk) and each warp its K rows
+/// (tokens w, w + WARPS, …; lanes 16- or 8-byte pieces), all in flight together. Tokens past the
+/// chunk's end read the chunk's last row and weigh 0. The logits of a head are T = CHUNK / WARPS
+/// per-lane partial dots a warp; a reduce-scatter butterfly (halve the set at each of the first
+/// log2 T steps, then plain) leaves token t's sum on lanes t·32/T …, in 5 + T − 2 shuffles a head
+/// instead of 5·T. A warp per head then takes the chunk's softmax numerators (a lane a token) and
+/// its (m, Σ), and thread t sums dimensions 2t and 2t + 1 of every head over the chunk. Every sum
+/// has a fixed order, so a launch's bits repeat.
 #[kernel(
     block = 32 * WARPS,
     grid = (kv_heads, div_ceil(top * block_tokens + block_tokens, CHUNK)),
     require(
         head_dim == 64 * WARPS,
+        CHUNK % WARPS == 0,
+        CHUNK <= 32,
         kv_heads >= 1,
         q_heads % kv_heads == 0,
         q_heads / kv_heads <= 16,
@@ -44,7 +51,7 @@ use kernel_macros::kernel;
 )]
 pub fn qsa_attention(
     #[tile(default = 4, candidates = [2, 4])] WARPS: u32,
-    #[tile(default = 16, candidates = [16, 32, 64])] CHUNK: u32,
+    #[tile(default = 16, candidates = [16, 32])] CHUNK: u32,
     q: &[f32],
     k_cache: &[bf16],
     v_cache: &[bf16],
@@ -75,91 +82,147 @@ pub fn qsa_attention(
     let chosen = min(count[0], top) * c;
     let total = chosen + (pos + 1 - complete * c);
     let t0 = split * CHUNK;
-    let len = if t0 < total { min(CHUNK, total - t0) } else { 0 };
-    let row_stride = kv_heads * head_dim;
+    let d = 2 * thread_idx();
 
-    for i in (thread_idx()..group * head_dim).step_by(32 * WARPS) {
-        qs[i] = q[kvh * group * head_dim + i];
+    if t0 >= total {
+        // An empty split (the whole block agrees): weight 0 in the combine.
+        if thread_idx() < group {
+            let slot = (kvh * group + thread_idx()) * splits + split;
+            partial_ml[2 * slot] = f32::NEG_INFINITY;
+            partial_ml[2 * slot + 1] = 0.0;
+        }
+        for h in 0..group {
+            let at = ((kvh * group + h) * splits + split) * head_dim + d;
+            partial_acc[at] = 0.0;
+            partial_acc[at + 1] = 0.0;
+        }
+        return;
     }
-    for i in (thread_idx()..len).step_by(32 * WARPS) {
-        let j = t0 + i;
+    let len = min(CHUNK, total - t0);
+
+    // The queries and the chunk's cache rows (token i ≥ len takes the last token's row).
+    for i in (4 * thread_idx()..group * head_dim).step_by(4 * 32 * WARPS) {
+        store_vec(qs, i, load_vec::<f32x4>(q, kvh * group * head_dim + i));
+    }
+    if thread_idx() < CHUNK {
+        let j = t0 + min(thread_idx(), len - 1);
         let token = if j < chosen { selected[j / c] * c + j % c } else { complete * c + (j - chosen) };
-        rows[i] = token * row_stride + kvh * head_dim;
+        rows[thread_idx()] = token * kv_heads * head_dim + kvh * head_dim;
     }
     sync_threads();
 
-    // Logits: a warp per token, a warp sum per query head.
-    for i in (warp_id()..len).step_by(WARPS) {
-        let d0 = lane_id() * per_lane;
-        let mut k = [0.0; 2 * WARPS];
+    // Every K and V load of the chunk in flight before the first product.
+    let mut v0 = [0.0; CHUNK];
+    let mut v1 = [0.0; CHUNK];
+    #[unroll]
+    for i in 0..CHUNK {
+        v0[i] = v_cache[rows[i] + d] as f32;
+        v1[i] = v_cache[rows[i] + d + 1] as f32;
+    }
+    let d0 = lane_id() * per_lane;
+    let mut keys = [u32x4(0, 0, 0, 0); CHUNK / WARPS];
+    #[unroll]
+    for t in 0..CHUNK / WARPS {
+        let row = rows[warp_id() + t * WARPS];
         if per_lane == 8 {
-            let v = load_vec::<u32x4>(k_cache, rows[i] + d0);
-            let (a, b, e, f) = (bf16x2_to_f32x2(v.x), bf16x2_to_f32x2(v.y), bf16x2_to_f32x2(v.z), bf16x2_to_f32x2(v.w));
-            k[0] = a.x;
-            k[1] = a.y;
-            k[2] = b.x;
-            k[3] = b.y;
-            k[4] = e.x;
-            k[5] = e.y;
-            k[6] = f.x;
-            k[7] = f.y;
+            keys[t] = load_vec::<u32x4>(k_cache, row + d0);
         } else {
-            let v = load_vec::<u32x2>(k_cache, rows[i] + d0);
-            let (a, b) = (bf16x2_to_f32x2(v.x), bf16x2_to_f32x2(v.y));
-            k[0] = a.x;
-            k[1] = a.y;
-            k[2] = b.x;
-            k[3] = b.y;
+            let v = load_vec::<u32x2>(k_cache, row + d0);
+            keys[t] = u32x4(v.x, v.y, 0, 0);
         }
-        #[unroll]
-        for h in 0..16 {
-            if h < group {
-                let mut dot = 0.0;
-                #[unroll]
-                for d in 0..2 * WARPS {
-                    dot += k[d] * qs[h * head_dim + d0 + d];
+    }
+
+    // Logits: per head, the lane's partial dot with each of the warp's T tokens, then the
+    // reduce-scatter butterfly; token t's sum ends on lanes t·32/T … t·32/T + 32/T − 1.
+    let tokens_per_warp = CHUNK / WARPS;
+    let spread = 32 / tokens_per_warp;
+    #[unroll]
+    for h in 0..16 {
+        if h < group {
+            let qa = load_vec::<f32x4>(qs, h * head_dim + d0);
+            let mut qb = f32x4(0.0, 0.0, 0.0, 0.0);
+            if per_lane == 8 {
+                qb = load_vec::<f32x4>(qs, h * head_dim + d0 + 4);
+            }
+            let mut part = [0.0; CHUNK / WARPS];
+            #[unroll]
+            for t in 0..CHUNK / WARPS {
+                let kv = keys[t];
+                let (a, b) = (bf16x2_to_f32x2(kv.x), bf16x2_to_f32x2(kv.y));
+                let mut s = a.x * qa.x;
+                s = fma(a.y, qa.y, s);
+                s = fma(b.x, qa.z, s);
+                s = fma(b.y, qa.w, s);
+                if per_lane == 8 {
+                    let (e, f) = (bf16x2_to_f32x2(kv.z), bf16x2_to_f32x2(kv.w));
+                    s = fma(e.x, qb.x, s);
+                    s = fma(e.y, qb.y, s);
+                    s = fma(f.x, qb.z, s);
+                    s = fma(f.y, qb.w, s);
                 }
-                let s = warp_sum(dot);
-                if lane_id() == 0 {
-                    p[h * CHUNK + i] = s * scale;
+                part[t] = s;
+            }
+            #[unroll]
+            for step in 0..5 {
+                let offset = 16 >> step;
+                let half = tokens_per_warp >> (step + 1);
+                if half >= 1 {
+                    // Lanes with this offset's bit keep the upper half of the set.
+                    let upper = (lane_id() & offset) != 0;
+                    #[unroll]
+                    for t in 0..CHUNK / WARPS / 2 {
+                        if t < half {
+                            let send = if upper { part[t] } else { part[t + half] };
+                            let keep = if upper { part[t + half] } else { part[t] };
+                            part[t] = keep + shfl_xor(send, offset);
+                        }
+                    }
+                } else {
+                    part[0] += shfl_xor(part[0], offset);
                 }
+            }
+            if lane_id() % spread == 0 {
+                p[h * CHUNK + warp_id() + (lane_id() / spread) * WARPS] = part[0] * scale;
             }
         }
     }
     sync_threads();
 
-    // The chunk's softmax numerators, one thread per head, and its (m, Σ).
-    if thread_idx() < group {
-        let h = thread_idx();
-        let mut m = f32::NEG_INFINITY;
-        for i in 0..len {
-            m = max(m, p[h * CHUNK + i]);
+    // The chunk's softmax numerators and (m, Σ): a warp per head, a lane per token.
+    for h in (warp_id()..group).step_by(WARPS) {
+        let live = lane_id() < len;
+        let logit = if live { p[h * CHUNK + lane_id()] } else { f32::NEG_INFINITY };
+        let m = warp_max(logit);
+        let e = if live { exp(logit - m) } else { 0.0 };
+        if lane_id() < CHUNK {
+            p[h * CHUNK + lane_id()] = e;
         }
-        let mut sum = 0.0;
-        for i in 0..len {
-            let e = exp(p[h * CHUNK + i] - m);
-            p[h * CHUNK + i] = e;
-            sum += e;
+        let sum = warp_sum(e);
+        if lane_id() == 0 {
+            let slot = (kvh * group + h) * splits + split;
+            partial_ml[2 * slot] = m;
+            partial_ml[2 * slot + 1] = sum;
         }
-        let slot = (kvh * group + h) * splits + split;
-        partial_ml[2 * slot] = m;
-        partial_ml[2 * slot + 1] = sum;
     }
     sync_threads();
 
     // Values: thread t owns dimensions 2t and 2t + 1 of every head.
-    let d = 2 * thread_idx();
     let mut acc0 = [0.0; 16];
     let mut acc1 = [0.0; 16];
-    for i in 0..len {
-        let v0 = v_cache[rows[i] + d] as f32;
-        let v1 = v_cache[rows[i] + d + 1] as f32;
+    #[unroll]
+    for i in (0..CHUNK).step_by(4) {
         #[unroll]
         for h in 0..16 {
             if h < group {
-                let w = p[h * CHUNK + i];
-                acc0[h] += w * v0;
-                acc1[h] += w * v1;
+                let w = load_vec::<f32x4>(p, h * CHUNK + i);
+                let mut a = fma(w.x, v0[i], acc0[h]);
+                let mut b = fma(w.x, v1[i], acc1[h]);
+                a = fma(w.y, v0[i + 1], a);
+                b = fma(w.y, v1[i + 1], b);
+                a = fma(w.z, v0[i + 2], a);
+                b = fma(w.z, v1[i + 2], b);
+                acc0[h] = fma(w.w, v0[i + 3], a);
+                acc1[h] = fma(w.w, v1[i + 3], b);
             }
         }
     }
