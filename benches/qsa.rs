@@ -13,7 +13,8 @@
 //! - the gated attention (24 query heads on 2 key/value heads of 256, bf16 caches), the split
 //!   attention and the combine of its splits timed together, through a full selection (512
 //!   blocks spread over the context, plus a tail of 3 tokens) at 32k and 128k tokens, against
-//!   the K/V rows it must read, the caches of 12 layers in device memory.
+//!   the K/V rows it must read, the caches of 12 layers in device memory; at 32k also every
+//!   other tile set of either kernel with the other at its defaults.
 //!
 //! benches/qsa_torch.py times torch.topk and the scores in PyTorch the same way.
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-qsa.jsonl (or
@@ -307,9 +308,22 @@ fn bench_qsa(c: &mut Criterion) {
     // selection, 12 layers' caches (zero-filled: the values do not
     // change the work), each layer's selection spread at random over its context.
     let (q_heads, kv_heads, head_dim) = (24usize, 2usize, 256usize);
-    // Every chunk size at 32k (the default first), the default at 128k.
-    let attention_tiles: Vec<qsa_attention::Tiles> = std::iter::once(TileSet::DEFAULT)
-        .chain(qsa_attention::Tiles::candidates().into_iter().filter(|t| *t != TileSet::DEFAULT))
+    // Both kernels at their defaults first; at 32k then every other attention tile set (the
+    // combine at its defaults) and every other combine tile set (the attention at its defaults).
+    let default_pair: (qsa_attention::Tiles, qsa_attention_combine::Tiles) = (TileSet::DEFAULT, TileSet::DEFAULT);
+    let tile_pairs: Vec<(qsa_attention::Tiles, qsa_attention_combine::Tiles)> = std::iter::once(default_pair)
+        .chain(
+            qsa_attention::Tiles::candidates()
+                .into_iter()
+                .filter(|t| *t != TileSet::DEFAULT)
+                .map(|t| (t, TileSet::DEFAULT)),
+        )
+        .chain(
+            qsa_attention_combine::Tiles::candidates()
+                .into_iter()
+                .filter(|t| *t != TileSet::DEFAULT)
+                .map(|t| (TileSet::DEFAULT, t)),
+        )
         .collect();
     let splits_max = (TOP * BLOCK_TOKENS + BLOCK_TOKENS).div_ceil(16);
     for context in [32_768usize, 131_072] {
@@ -364,14 +378,14 @@ fn bench_qsa(c: &mut Criterion) {
                 scale: 1.0 / (head_dim as f32).sqrt(),
             })
             .collect();
-        for (i, tiles) in attention_tiles.iter().enumerate() {
+        for (i, (tiles, combine_tiles)) in tile_pairs.iter().enumerate() {
             if i > 0 && context != 32_768 {
                 break;
             }
             let Ok(dims) = <qsa_attention::Kernel as kernel_dsl::KernelDef>::launch_dims(tiles, &args[0]) else {
                 continue;
             };
-            // The combine at its defaults, over the splits this chunk size makes.
+            // The combine over the splits this chunk size makes.
             let combine_args: Vec<qsa_attention_combine::Args> = (0..layers)
                 .map(|l| qsa_attention_combine::Args {
                     partial_acc: acc[l].ptr(),
@@ -384,7 +398,7 @@ fn bench_qsa(c: &mut Criterion) {
                 })
                 .collect();
             let ka = gpu.kernel::<qsa_attention::Kernel>(*tiles).expect("compile");
-            let kc = gpu.kernel::<qsa_attention_combine::Kernel>(TileSet::DEFAULT).expect("compile");
+            let kc = gpu.kernel::<qsa_attention_combine::Kernel>(*combine_tiles).expect("compile");
             let g = gpu
                 .capture(|| {
                     for (a, ca) in args.iter().zip(&combine_args) {
@@ -407,12 +421,8 @@ fn bench_qsa(c: &mut Criterion) {
             let t = replay_times(&gpu, &g, layers, 30);
             let tokens = TOP * BLOCK_TOKENS + tail;
             let bytes = 2 * tokens * kv_heads * head_dim * 2 + 2 * q_heads * head_dim * 4 + TOP * 4;
-            let label = format!("{}k tokens ({tokens} attended), {tiles:?}", context / 1024);
-            let group = if *tiles == TileSet::DEFAULT {
-                "attention".to_owned()
-            } else {
-                format!("sweep attention {}k", context / 1024)
-            };
+            let label = format!("{}k tokens ({tokens} attended), {tiles:?}, {combine_tiles:?}", context / 1024);
+            let group = if i == 0 { "attention".to_owned() } else { format!("sweep attention {}k", context / 1024) };
             sink.record(&group, &label, t, bytes, copy_bw);
         }
     }

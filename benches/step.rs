@@ -12,8 +12,9 @@
 //!   fraction reached, and the GB10 projection of the same bytes at 230 GB/s (a projection, not a
 //!   measurement);
 //! - launches per token and host waits per token (1);
-//! - a per-stage profile from events between the launch groups of one eager step (PDL overlap is
-//!   lost at each event, so its sum is above the replay's time).
+//! - a per-stage profile from events between the launch groups of one eager step at the first
+//!   context's last position (PDL overlap is lost at each event, so its sum is above the
+//!   replay's time).
 //!
 //! Tuned against default tiles in one run: with `FLASHNEXT_TUNED` set (a table file or a folder of
 //! tables, as `engine::tuned::find_for` reads it) or `--tuned`, the nvfp4 variant runs twice, at
@@ -76,6 +77,10 @@ fn main() {
             println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
             let mut e = Engine::new(g, plan, model).expect("engine");
             e.step(1).expect("warm-up");
+            // The profile at the first context's last position, where its timed steps run: the
+            // attention's work grows with the position (at position 1 it attends to two tokens).
+            let profile_position = CONTEXTS[0] - 1;
+            e.seek(profile_position).expect("seek");
             let (_, profile) = e.step_profiled(2).expect("profile");
             e.capture().expect("capture");
             for context in CONTEXTS {
@@ -120,10 +125,14 @@ fn main() {
                 rec.record_quietly(what.bytes(bytes as usize).launches(e.launches_per_token()).notes(notes));
             }
             let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
-            println!("  profile of one eager step (events between launch groups), {:.3} ms in all:", total * 1e3);
+            println!(
+                "  profile of one eager step at position {profile_position} (events between launch groups), {:.3} ms in all:",
+                total * 1e3
+            );
             for (stage, t, n) in &profile.stages {
                 println!("    {:<22} {:>8.3} ms  {:>5.1}%  ({n} groups)", stage.name(), t * 1e3, 100.0 * t / total);
-                let what = Sample::median(format!("eager profile, {name}"), stage.name(), Unit::Token, *t);
+                let group = format!("eager profile at position {profile_position}, {name}");
+                let what = Sample::median(group, stage.name(), Unit::Token, *t);
                 rec.record_quietly(what.notes(format!("{n} groups, events between groups")));
             }
             gpu = Some(e.into_gpu());
