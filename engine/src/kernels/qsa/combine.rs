@@ -51,7 +51,7 @@ pub fn qsa_attention_combine(
     let g = head * head_dim + d;
     let gv = load_vec::<f32x2>(gate, g);
 
-    // The head's m, Σ and live splits, each warp on its own, in a fixed order.
+    // The head's m and live splits, each warp on its own, in a fixed order.
     let mut m = f32::NEG_INFINITY;
     let mut live = 0.0;
     for s in (lane_id()..splits).step_by(32) {
