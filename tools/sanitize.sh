@@ -144,7 +144,7 @@ gpu_ple        63    90    -    session 18, beside eight other runs
 gpu_qsa        14   350    -    racecheck: 96 + 28 s for two groups of three tests, 224 s for the graph-replay test
 gpu_qsa_layer  23    90    -    racecheck a guess
 gpu_synthetic   1    10    -    racecheck a guess
-gpu_sample      5   650    -    racecheck: 179 s the published vocabulary, 428 s the tile sweep, the rest a guess
+gpu_sample      5   650    -    racecheck: 179 s the published vocabulary; the tile sweep alone ran past 447 s (cut in sessions 21 and 22), more than a call
 gpu_step      900  2260    -    sum (memcheck: three golden tests cut at 545 s, the fourth 236 s)
 gpu_gdn       370  1010    -    sums of one-test runs (session 18: the NVFP4 sweep of 42 input projection sets 162 / 282 s)
 gpu_gemv_nvfp4 25    31    -    session 18
