@@ -31,10 +31,10 @@
 // (tokens w, w + WARPS, …; lanes 16- or 8-byte pieces), all in flight together. Tokens past the
 // chunk's end read the chunk's last row and weigh 0. The logits of a head are T = CHUNK / WARPS
 // per-lane partial dots a warp; a reduce-scatter butterfly (halve the set at each of the first
-// log2 T steps, then plain) leaves token t's sum on lanes t·32/T …, in 5 + T − 2 shuffles a head
-// instead of 5·T. A warp per head then takes the chunk's softmax numerators (a lane a token) and
-// its (m, Σ), and thread t sums dimensions 2t and 2t + 1 of every head over the chunk. Every sum
-// has a fixed order, so a launch's bits repeat.
+// log2 T steps, then plain) leaves token t's sum on lanes t·32/T …, in T − 1 + 5 − log2 T
+// shuffles a head (6 at T = 4) instead of 5·T. A warp per head then takes the chunk's softmax
+// numerators (a lane a token) and its (m, Σ), and thread t sums dimensions 2t and 2t + 1 of every
+// head over the chunk. Every sum has a fixed order, so a launch's bits repeat.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };

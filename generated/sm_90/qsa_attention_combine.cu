@@ -15,7 +15,7 @@
 // the raw gate, `o` [q_heads, head_dim] in bf16. `splits` must be the attention's grid height
 // (its launch dims' `grid[1]`), which sets the partials' layout. The attention fills its splits
 // in order, so the non-empty ones (m_s > −∞) are a prefix, `live` of them; split 0 always holds
-// the current token, so m is finite, and the empty ones are not read past (m_s, l_s).
+// the current token, so m is finite; of the empty ones only m_s is read, to count them.
 //
 // Grid (q_heads, head_dim / (2·THREADS)): one query head and a slice of 2·THREADS dimensions a
 // block, so the work spreads over many SMs (96 blocks at 24 heads of 256 and the default tiles).
