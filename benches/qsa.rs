@@ -30,6 +30,7 @@ use engine::kernels::qsa::block_scores::qsa_block_scores;
 use engine::kernels::qsa::combine::qsa_attention_combine;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use engine::kernels::qsa::top_blocks_grid::{self, qsa_top_blocks_grid};
+use engine::tuned::tile_choices;
 use flashnext::bench::{Recorder, Sample, Unit};
 use flashnext::rng::Rng;
 use kernel_dsl::TileSet;
@@ -310,20 +311,10 @@ fn bench_qsa(c: &mut Criterion) {
     let (q_heads, kv_heads, head_dim) = (24usize, 2usize, 256usize);
     // Both kernels at their defaults first; at 32k then every other attention tile set (the
     // combine at its defaults) and every other combine tile set (the attention at its defaults).
-    let default_pair: (qsa_attention::Tiles, qsa_attention_combine::Tiles) = (TileSet::DEFAULT, TileSet::DEFAULT);
-    let tile_pairs: Vec<(qsa_attention::Tiles, qsa_attention_combine::Tiles)> = std::iter::once(default_pair)
-        .chain(
-            qsa_attention::Tiles::candidates()
-                .into_iter()
-                .filter(|t| *t != TileSet::DEFAULT)
-                .map(|t| (t, TileSet::DEFAULT)),
-        )
-        .chain(
-            qsa_attention_combine::Tiles::candidates()
-                .into_iter()
-                .filter(|t| *t != TileSet::DEFAULT)
-                .map(|t| (TileSet::DEFAULT, t)),
-        )
+    let tile_pairs: Vec<(qsa_attention::Tiles, qsa_attention_combine::Tiles)> = tile_choices::<qsa_attention::Tiles>()
+        .into_iter()
+        .map(|t| (t, TileSet::DEFAULT))
+        .chain(tile_choices::<qsa_attention_combine::Tiles>().into_iter().skip(1).map(|t| (TileSet::DEFAULT, t)))
         .collect();
     let splits_max = (TOP * BLOCK_TOKENS + BLOCK_TOKENS).div_ceil(16);
     for context in [32_768usize, 131_072] {

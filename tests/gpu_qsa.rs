@@ -647,8 +647,9 @@ fn attention_through_the_selection_matches_the_reference() {
     // shape, at the first candidate that does (the combine's sets beside a 2-warp attention):
     // dense, at the budget, past it with and without a tail.
     let small = |context| AttentionCase { q_heads: 6, kv_heads: 2, head_dim: 128, block_tokens: 4, top: 8, context };
-    let fits = |t: &qsa_attention::Tiles| t.warps * 64 == 128;
-    let small_attention = *qsa_attention::Tiles::candidates().iter().find(|t| fits(t)).expect("a 2-warp attention");
+    // The attention's lanes cover head_dim in 64-dimension warps (its `head_dim == 64 * WARPS`).
+    let fits = |t: &qsa_attention::Tiles| (64 * t.warps) as usize == small(1).head_dim;
+    let small_attention = *qsa_attention::Tiles::candidates().iter().find(|t| fits(t)).expect("an attention that fits");
     let candidates: Vec<(qsa_attention::Tiles, qsa_attention_combine::Tiles)> = qsa_attention::Tiles::candidates()
         .into_iter()
         .map(|t| (t, TileSet::DEFAULT))
