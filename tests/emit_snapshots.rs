@@ -695,13 +695,18 @@ fn overlap_bound(#[tile(default = 6, candidates = [6, 12])] MIN_BLOCKS: u32, y: 
 fn fp4_decode_uses_the_conversion_instruction_only_where_it_exists() {
     let sm90 = source("fp4_decode_sm_90");
     assert!(!sm90.contains("cvt.rn.f16x2.e2m1x2"), "sm_90 has no FP4 conversion");
-    assert!(sm90.contains("__device__ __forceinline__ float e2m1_to_f32(unsigned nibble)"));
+    // The software decode puts bits in place and leaves its values short by 2^126 (the raw
+    // gap); the exact helper multiplies the gap back.
+    assert!(sm90.contains("e2m1_raw_gap() { return __uint_as_float(0x7e800000u); }"));
+    assert!(sm90.contains("(g03 * 0x10400000u) & keep"));
     let sm121a = source("fp4_decode_sm_121a");
     assert!(sm121a.contains("cvt.rn.f16x2.e2m1x2"));
-    assert!(!sm121a.contains("e2m1_to_f32("), "the software decode is sm_90's alone");
-    // Both read the same packed type and produce the same helper.
+    assert!(sm121a.contains("e2m1_raw_gap() { return 1.0f; }"), "the conversion is exact: no gap");
+    assert!(!sm121a.contains("& keep"), "the software decode is sm_90's alone");
+    // Both read the same packed type and produce the same helpers.
     for src in [&sm90, &sm121a] {
         assert!(src.contains("struct fp4x2_e2m1 { unsigned char bits; };"));
+        assert!(src.contains("__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w)"));
         assert!(src.contains("__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w)"));
     }
 }

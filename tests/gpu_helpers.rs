@@ -16,6 +16,8 @@ fn decode_check(
     codes: &[e4m3],
     e4m3_quads: &mut [f32],
     e2m1_quads: &mut [f32],
+    e2m1_raw_quads: &mut [f32],
+    e2m1_gap: &mut [f32],
     e4m3_single: &mut [f32],
     packed: &mut [u32],
     rounded: &mut [bf16],
@@ -34,6 +36,14 @@ fn decode_check(
         e2m1_quads[4 * i + 1] = b.y;
         e2m1_quads[4 * i + 2] = b.z;
         e2m1_quads[4 * i + 3] = b.w;
+        let r = e2m1x4_to_f32x4_raw(w);
+        e2m1_raw_quads[4 * i] = r.x;
+        e2m1_raw_quads[4 * i + 1] = r.y;
+        e2m1_raw_quads[4 * i + 2] = r.z;
+        e2m1_raw_quads[4 * i + 3] = r.w;
+        if i == 0 {
+            e2m1_gap[0] = e2m1_raw_gap();
+        }
         e4m3_single[i] = codes[i % 256] as f32;
         packed[i] = pack_bf16x2(floats[2 * i], floats[2 * i + 1]);
         rounded[i] = floats[2 * i] as bf16;
@@ -104,10 +114,12 @@ fn number_format_helpers_match_the_host_decoders() {
     let dc = gpu.upload(&codes).expect("upload");
     let mut q8 = gpu.alloc::<f32>(4 * n).expect("alloc");
     let mut q4 = gpu.alloc::<f32>(4 * n).expect("alloc");
+    let mut r4 = gpu.alloc::<f32>(4 * n).expect("alloc");
+    let mut gap = gpu.alloc::<f32>(1).expect("alloc");
     let mut s8 = gpu.alloc::<f32>(n).expect("alloc");
     let mut packed = gpu.alloc::<u32>(n).expect("alloc");
     let mut rounded = gpu.alloc::<bf16>(n).expect("alloc");
-    for b in [&mut q8, &mut q4, &mut s8] {
+    for b in [&mut q8, &mut q4, &mut r4, &mut gap, &mut s8] {
         gpu.fill_bytes(b, 0xff).expect("poison");
     }
     gpu.fill_bytes(&mut packed, 0xa5).expect("poison");
@@ -119,6 +131,8 @@ fn number_format_helpers_match_the_host_decoders() {
         codes: dc.ptr(),
         e4m3_quads: q8.ptr_mut(),
         e2m1_quads: q4.ptr_mut(),
+        e2m1_raw_quads: r4.ptr_mut(),
+        e2m1_gap: gap.ptr_mut(),
         e4m3_single: s8.ptr_mut(),
         packed: packed.ptr_mut(),
         rounded: rounded.ptr_mut(),
@@ -128,6 +142,9 @@ fn number_format_helpers_match_the_host_decoders() {
     unsafe { k.launch(&gpu, &args) }.expect("launch");
     let (q8, q4, s8) = (gpu.download(&q8).expect("dl"), gpu.download(&q4).expect("dl"), gpu.download(&s8).expect("dl"));
     let (packed, rounded) = (gpu.download(&packed).expect("dl"), gpu.download(&rounded).expect("dl"));
+    let (r4, gap) = (gpu.download(&r4).expect("dl"), gpu.download(&gap).expect("dl")[0]);
+    // The raw decode's gap: 2^126 where FP4 is decoded in software (sm_90), 1 where converted.
+    assert!(gap == 2f32.powi(126) || gap == 1.0, "e2m1_raw_gap() = {gap}");
 
     let mut bad = Vec::new();
     for (i, &w) in words.iter().enumerate() {
@@ -141,6 +158,11 @@ fn number_format_helpers_match_the_host_decoders() {
             let want = E2m1x2::decode_nibble(nibble);
             if !same(q4[4 * i + lane], want) {
                 bad.push(format!("e2m1 word {w:#010x} lane {lane}: got {} want {want}", q4[4 * i + lane]));
+            }
+            // Exact in f64: the raw value times the gap is the value itself.
+            let raw = f64::from(r4[4 * i + lane]) * f64::from(gap);
+            if !same(raw as f32, want) || raw != f64::from(want) {
+                bad.push(format!("e2m1 raw word {w:#010x} lane {lane}: got {} × gap want {want}", r4[4 * i + lane]));
             }
         }
         let want = E4m3((i % 256) as u8).to_f32();

@@ -69,8 +69,10 @@ __device__ __forceinline__ float2 bf16x2_to_float2(unsigned w) {
 }
 
 // Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32:
-// sm_121a converts a byte of two nibbles to two f16 in one instruction.
-__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
+// sm_121a converts a byte of two nibbles to two f16 in one instruction, exact, so the
+// raw decode has no gap.
+__device__ __forceinline__ float e2m1_raw_gap() { return 1.0f; }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
     unsigned lo, hi;
     asm("{ .reg .b8 b0, b1, b2, b3; mov.b32 {b0, b1, b2, b3}, %2;"
         " cvt.rn.f16x2.e2m1x2 %0, b0; cvt.rn.f16x2.e2m1x2 %1, b1; }"
@@ -131,6 +133,9 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     #pragma unroll
     for (int __i = 0; __i < 10; ++__i) codes[__i] = __fill_codes;
     float wscale[10] = {};
+    const float gap = e2m1_raw_gap();
+    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
+    const float drop = gap / lift;
     #pragma unroll
     for (unsigned j = 0u; j < 5u; ++j) {
         const unsigned c = min(
@@ -152,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
         for (unsigned r = 0u; r < 2u; ++r) {
             const unsigned row_1 = min(row0 + r, rows - 1u);
             const float scale = e4m3_to_f32(scales[row_1 * (hidden / 16u) + c_1 / 16u]);
-            wscale[j * 2u + r] = live ? scale : 0.0f;
+            wscale[j * 2u + r] = live ? scale * drop : 0.0f;
         }
     }
     grid_dependency_wait();
@@ -179,21 +184,21 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
             const float2 b = bf16x2_to_float2(lo.y);
             const float2 e = bf16x2_to_float2(lo.z);
             const float2 f = bf16x2_to_float2(lo.w);
-            x0 = make_float4(a.x, a.y, b.x, b.y);
-            x1 = make_float4(e.x, e.y, f.x, f.y);
+            x0 = make_float4(a.x * lift, a.y * lift, b.x * lift, b.y * lift);
+            x1 = make_float4(e.x * lift, e.y * lift, f.x * lift, f.y * lift);
             const float2 a_1 = bf16x2_to_float2(hi.x);
             const float2 b_1 = bf16x2_to_float2(hi.y);
             const float2 e_1 = bf16x2_to_float2(hi.z);
             const float2 f_1 = bf16x2_to_float2(hi.w);
-            x2 = make_float4(a_1.x, a_1.y, b_1.x, b_1.y);
-            x3 = make_float4(e_1.x, e_1.y, f_1.x, f_1.y);
+            x2 = make_float4(a_1.x * lift, a_1.y * lift, b_1.x * lift, b_1.y * lift);
+            x3 = make_float4(e_1.x * lift, e_1.y * lift, f_1.x * lift, f_1.y * lift);
             #pragma unroll
             for (unsigned r = 0u; r < 2u; ++r) {
                 const uint2 wv = codes[j * 2u + r];
-                const float4 w0 = e2m1x4_to_float4(wv.x);
-                const float4 w1 = e2m1x4_to_float4(wv.x >> 16u);
-                const float4 w2 = e2m1x4_to_float4(wv.y);
-                const float4 w3 = e2m1x4_to_float4(wv.y >> 16u);
+                const float4 w0 = e2m1x4_to_float4_raw(wv.x);
+                const float4 w1 = e2m1x4_to_float4_raw(wv.x >> 16u);
+                const float4 w2 = e2m1x4_to_float4_raw(wv.y);
+                const float4 w3 = e2m1x4_to_float4_raw(wv.y >> 16u);
                 float s = w0.x * x0.x;
                 s += w0.y * x0.y;
                 s += w0.z * x0.z;

@@ -48,8 +48,10 @@ __device__ __forceinline__ float4 e4m3x4_to_float4(unsigned w) {
 }
 
 // Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32:
-// sm_121a converts a byte of two nibbles to two f16 in one instruction.
-__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
+// sm_121a converts a byte of two nibbles to two f16 in one instruction, exact, so the
+// raw decode has no gap.
+__device__ __forceinline__ float e2m1_raw_gap() { return 1.0f; }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
     unsigned lo, hi;
     asm("{ .reg .b8 b0, b1, b2, b3; mov.b32 {b0, b1, b2, b3}, %2;"
         " cvt.rn.f16x2.e2m1x2 %0, b0; cvt.rn.f16x2.e2m1x2 %1, b1; }"
@@ -126,8 +128,10 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             nbuf[t] = *reinterpret_cast<const uint4*>(norm + (base + i));
         }
     }
-    const float global_down = scale2[0u];
-    const float global_inject = scale2[1u];
+    const float gap = e2m1_raw_gap();
+    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
+    const float global_down = scale2[0u] * (gap / lift);
+    const float global_inject = scale2[1u] * (gap / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[10];
     #pragma unroll
@@ -156,8 +160,16 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             const float2 w1 = bf16x2_to_float2(wv.y);
             const float2 w2 = bf16x2_to_float2(wv.z);
             const float2 w3 = bf16x2_to_float2(wv.w);
-            *reinterpret_cast<float4*>(h + i_1) = make_float4(1.0f + w0.x, 1.0f + w0.y, 1.0f + w1.x, 1.0f + w1.y);
-            *reinterpret_cast<float4*>(h + (i_1 + 4u)) = make_float4(1.0f + w2.x, 1.0f + w2.y, 1.0f + w3.x, 1.0f + w3.y);
+            const float a0 = (1.0f + w0.x) * lift;
+            const float a1 = (1.0f + w0.y) * lift;
+            const float a2 = (1.0f + w1.x) * lift;
+            const float a3 = (1.0f + w1.y) * lift;
+            const float a4 = (1.0f + w2.x) * lift;
+            const float a5 = (1.0f + w2.y) * lift;
+            const float a6 = (1.0f + w3.x) * lift;
+            const float a7 = (1.0f + w3.y) * lift;
+            *reinterpret_cast<float4*>(h + i_1) = make_float4(a0, a1, a2, a3);
+            *reinterpret_cast<float4*>(h + (i_1 + 4u)) = make_float4(a4, a5, a6, a7);
         }
     }
     grid_dependency_wait();
@@ -223,10 +235,10 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             #pragma unroll
             for (unsigned r = 0u; r < 2u; ++r) {
                 const uint2 wv_1 = wbuf[c * 2u + r];
-                const float4 f0 = e2m1x4_to_float4(wv_1.x);
-                const float4 f1 = e2m1x4_to_float4(wv_1.x >> 16u);
-                const float4 f2 = e2m1x4_to_float4(wv_1.y);
-                const float4 f3 = e2m1x4_to_float4(wv_1.y >> 16u);
+                const float4 f0 = e2m1x4_to_float4_raw(wv_1.x);
+                const float4 f1 = e2m1x4_to_float4_raw(wv_1.x >> 16u);
+                const float4 f2 = e2m1x4_to_float4_raw(wv_1.y);
+                const float4 f3 = e2m1x4_to_float4_raw(wv_1.y >> 16u);
                 float s = f0.x * h0.x;
                 s = fmaf(f0.y, h0.y, s);
                 s = fmaf(f0.z, h0.z, s);

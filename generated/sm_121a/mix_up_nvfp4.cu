@@ -44,8 +44,10 @@ __device__ __forceinline__ float e4m3_to_f32(fp8_e4m3 v) {
 }
 
 // Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32:
-// sm_121a converts a byte of two nibbles to two f16 in one instruction.
-__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
+// sm_121a converts a byte of two nibbles to two f16 in one instruction, exact, so the
+// raw decode has no gap.
+__device__ __forceinline__ float e2m1_raw_gap() { return 1.0f; }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
     unsigned lo, hi;
     asm("{ .reg .b8 b0, b1, b2, b3; mov.b32 {b0, b1, b2, b3}, %2;"
         " cvt.rn.f16x2.e2m1x2 %0, b0; cvt.rn.f16x2.e2m1x2 %1, b1; }"
@@ -104,7 +106,9 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     const unsigned row = s * d + j;
     const bool active = j < d;
     float norm_w = 0.0f;
-    const float global = scale2[2u];
+    const float gap = e2m1_raw_gap();
+    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
+    const float global = scale2[2u] * (gap / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[5];
     #pragma unroll
@@ -150,12 +154,12 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     va = va / (float)n;
     vb = vb / (float)n;
     if (ra < rank) {
-        u[ra] = silu(va);
+        u[ra] = silu(va) * lift;
     } else if (ra < rows && blockIdx.x == 0u) {
         gains[ra - rank] = 2.0f * sigmoid(va);
     }
     if (rb < rank) {
-        u[rb] = silu(vb);
+        u[rb] = silu(vb) * lift;
     } else if (rb < rows && blockIdx.x == 0u) {
         gains[rb - rank] = 2.0f * sigmoid(vb);
     }
@@ -166,10 +170,10 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
         const unsigned k_1 = (lane + c * 4u) * 16u;
         if (k_1 < rank) {
             const uint2 wv = wbuf[c];
-            const float4 f0 = e2m1x4_to_float4(wv.x);
-            const float4 f1 = e2m1x4_to_float4(wv.x >> 16u);
-            const float4 f2 = e2m1x4_to_float4(wv.y);
-            const float4 f3 = e2m1x4_to_float4(wv.y >> 16u);
+            const float4 f0 = e2m1x4_to_float4_raw(wv.x);
+            const float4 f1 = e2m1x4_to_float4_raw(wv.x >> 16u);
+            const float4 f2 = e2m1x4_to_float4_raw(wv.y);
+            const float4 f3 = e2m1x4_to_float4_raw(wv.y >> 16u);
             const float4 u0 = *reinterpret_cast<float4*>(u + k_1);
             const float4 u1 = *reinterpret_cast<float4*>(u + (k_1 + 4u));
             const float4 u2 = *reinterpret_cast<float4*>(u + (k_1 + 8u));

@@ -41,14 +41,24 @@ __device__ __forceinline__ float4 e4m3x4_to_float4(unsigned w) {
 }
 
 // Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32:
-// sm_121a converts a byte of two nibbles to two f16 in one instruction.
-__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
+// sm_121a converts a byte of two nibbles to two f16 in one instruction, exact, so the
+// raw decode has no gap.
+__device__ __forceinline__ float e2m1_raw_gap() { return 1.0f; }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
     unsigned lo, hi;
     asm("{ .reg .b8 b0, b1, b2, b3; mov.b32 {b0, b1, b2, b3}, %2;"
         " cvt.rn.f16x2.e2m1x2 %0, b0; cvt.rn.f16x2.e2m1x2 %1, b1; }"
         : "=r"(lo), "=r"(hi) : "r"(w));
     const float2 l = f16x2_to_float2(lo), h = f16x2_to_float2(hi);
     return make_float4(l.x, l.y, h.x, h.y);
+}
+
+// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32, exact:
+// the raw decode times its gap (a multiply a value on sm_90, none on sm_121a).
+__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
+    const float4 r = e2m1x4_to_float4_raw(w);
+    const float g = e2m1_raw_gap();
+    return make_float4(r.x * g, r.y * g, r.z * g, r.w * g);
 }
 
 extern "C" __global__ void __launch_bounds__(128) ple_gather_nvfp4(

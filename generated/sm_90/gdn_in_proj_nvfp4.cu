@@ -68,16 +68,23 @@ __device__ __forceinline__ float2 bf16x2_to_float2(unsigned w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
-// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32.
-// sm_90 has no FP4 conversion: put each nibble's two exponent bits and one mantissa bit
-// where an f32 keeps them and its sign on top, then rescale by 2^126, the gap between the
-// biases (127 - 1). The code 0.001 (0.5) becomes an f32 subnormal and comes out exact.
-__device__ __forceinline__ float e2m1_to_f32(unsigned nibble) {
-    const float two_pow_126 = __uint_as_float(0x7e800000u);
-    return __uint_as_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * two_pow_126;
-}
-__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
-    return make_float4(e2m1_to_f32(w), e2m1_to_f32(w >> 4), e2m1_to_f32(w >> 8), e2m1_to_f32(w >> 12));
+// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32 times
+// 2^-126, the raw decode's gap (sm_90 has no FP4 conversion). Each is the f32 with the
+// nibble's sign bit in bit 31 and its two exponent bits and mantissa bit in bits 24..22:
+// the value over 2^126, the gap between the biases (127 - 1; the code for 0.5 becomes an
+// exact subnormal). One integer multiply by 2^(28-4k) + 2^(22-4k) puts both copies of
+// nibble k in place (bits 31..28 and 25..22: apart, so the sum is their OR), and one mask
+// keeps bit 31 and bits 24..22. Nibbles 0 and 3 share a masked word: each one's copies
+// of the other land below bit 22 or past bit 31, apart, so nothing carries. A kernel that
+// lifts its activations (so that the products stay normal f32) and puts the gap back on
+// its sums saves the multiply a value that e2m1x4_to_float4 does.
+__device__ __forceinline__ float e2m1_raw_gap() { return __uint_as_float(0x7e800000u); }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
+    const unsigned keep = 0x81c00000u;
+    const unsigned g03 = w & 0xf00fu, g1 = w & 0x00f0u, g2 = w & 0x0f00u;
+    return make_float4(
+        __uint_as_float((g03 * 0x10400000u) & keep), __uint_as_float((g1 * 0x01040000u) & keep),
+        __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));
 }
 
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
@@ -132,6 +139,9 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     #pragma unroll
     for (int __i = 0; __i < 10; ++__i) codes[__i] = __fill_codes;
     float wscale[10] = {};
+    const float gap = e2m1_raw_gap();
+    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
+    const float drop = gap / lift;
     #pragma unroll
     for (unsigned j = 0u; j < 5u; ++j) {
         const unsigned c = min(
@@ -153,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
         for (unsigned r = 0u; r < 2u; ++r) {
             const unsigned row_1 = min(row0 + r, rows - 1u);
             const float scale = e4m3_to_f32(scales[row_1 * (hidden / 16u) + c_1 / 16u]);
-            wscale[j * 2u + r] = live ? scale : 0.0f;
+            wscale[j * 2u + r] = live ? scale * drop : 0.0f;
         }
     }
     grid_dependency_wait();
@@ -180,21 +190,21 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
             const float2 b = bf16x2_to_float2(lo.y);
             const float2 e = bf16x2_to_float2(lo.z);
             const float2 f = bf16x2_to_float2(lo.w);
-            x0 = make_float4(a.x, a.y, b.x, b.y);
-            x1 = make_float4(e.x, e.y, f.x, f.y);
+            x0 = make_float4(a.x * lift, a.y * lift, b.x * lift, b.y * lift);
+            x1 = make_float4(e.x * lift, e.y * lift, f.x * lift, f.y * lift);
             const float2 a_1 = bf16x2_to_float2(hi.x);
             const float2 b_1 = bf16x2_to_float2(hi.y);
             const float2 e_1 = bf16x2_to_float2(hi.z);
             const float2 f_1 = bf16x2_to_float2(hi.w);
-            x2 = make_float4(a_1.x, a_1.y, b_1.x, b_1.y);
-            x3 = make_float4(e_1.x, e_1.y, f_1.x, f_1.y);
+            x2 = make_float4(a_1.x * lift, a_1.y * lift, b_1.x * lift, b_1.y * lift);
+            x3 = make_float4(e_1.x * lift, e_1.y * lift, f_1.x * lift, f_1.y * lift);
             #pragma unroll
             for (unsigned r = 0u; r < 2u; ++r) {
                 const uint2 wv = codes[j * 2u + r];
-                const float4 w0 = e2m1x4_to_float4(wv.x);
-                const float4 w1 = e2m1x4_to_float4(wv.x >> 16u);
-                const float4 w2 = e2m1x4_to_float4(wv.y);
-                const float4 w3 = e2m1x4_to_float4(wv.y >> 16u);
+                const float4 w0 = e2m1x4_to_float4_raw(wv.x);
+                const float4 w1 = e2m1x4_to_float4_raw(wv.x >> 16u);
+                const float4 w2 = e2m1x4_to_float4_raw(wv.y);
+                const float4 w3 = e2m1x4_to_float4_raw(wv.y >> 16u);
                 float s = w0.x * x0.x;
                 s += w0.y * x0.y;
                 s += w0.z * x0.z;

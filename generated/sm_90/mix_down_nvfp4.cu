@@ -47,16 +47,23 @@ __device__ __forceinline__ float4 e4m3x4_to_float4(unsigned w) {
     return make_float4(l.x, l.y, h.x, h.y);
 }
 
-// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32.
-// sm_90 has no FP4 conversion: put each nibble's two exponent bits and one mantissa bit
-// where an f32 keeps them and its sign on top, then rescale by 2^126, the gap between the
-// biases (127 - 1). The code 0.001 (0.5) becomes an f32 subnormal and comes out exact.
-__device__ __forceinline__ float e2m1_to_f32(unsigned nibble) {
-    const float two_pow_126 = __uint_as_float(0x7e800000u);
-    return __uint_as_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * two_pow_126;
-}
-__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
-    return make_float4(e2m1_to_f32(w), e2m1_to_f32(w >> 4), e2m1_to_f32(w >> 8), e2m1_to_f32(w >> 12));
+// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32 times
+// 2^-126, the raw decode's gap (sm_90 has no FP4 conversion). Each is the f32 with the
+// nibble's sign bit in bit 31 and its two exponent bits and mantissa bit in bits 24..22:
+// the value over 2^126, the gap between the biases (127 - 1; the code for 0.5 becomes an
+// exact subnormal). One integer multiply by 2^(28-4k) + 2^(22-4k) puts both copies of
+// nibble k in place (bits 31..28 and 25..22: apart, so the sum is their OR), and one mask
+// keeps bit 31 and bits 24..22. Nibbles 0 and 3 share a masked word: each one's copies
+// of the other land below bit 22 or past bit 31, apart, so nothing carries. A kernel that
+// lifts its activations (so that the products stay normal f32) and puts the gap back on
+// its sums saves the multiply a value that e2m1x4_to_float4 does.
+__device__ __forceinline__ float e2m1_raw_gap() { return __uint_as_float(0x7e800000u); }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
+    const unsigned keep = 0x81c00000u;
+    const unsigned g03 = w & 0xf00fu, g1 = w & 0x00f0u, g2 = w & 0x0f00u;
+    return make_float4(
+        __uint_as_float((g03 * 0x10400000u) & keep), __uint_as_float((g1 * 0x01040000u) & keep),
+        __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));
 }
 
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
@@ -127,8 +134,10 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             nbuf[t] = *reinterpret_cast<const uint4*>(norm + (base + i));
         }
     }
-    const float global_down = scale2[0u];
-    const float global_inject = scale2[1u];
+    const float gap = e2m1_raw_gap();
+    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
+    const float global_down = scale2[0u] * (gap / lift);
+    const float global_inject = scale2[1u] * (gap / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[10];
     #pragma unroll
@@ -157,8 +166,16 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             const float2 w1 = bf16x2_to_float2(wv.y);
             const float2 w2 = bf16x2_to_float2(wv.z);
             const float2 w3 = bf16x2_to_float2(wv.w);
-            *reinterpret_cast<float4*>(h + i_1) = make_float4(1.0f + w0.x, 1.0f + w0.y, 1.0f + w1.x, 1.0f + w1.y);
-            *reinterpret_cast<float4*>(h + (i_1 + 4u)) = make_float4(1.0f + w2.x, 1.0f + w2.y, 1.0f + w3.x, 1.0f + w3.y);
+            const float a0 = (1.0f + w0.x) * lift;
+            const float a1 = (1.0f + w0.y) * lift;
+            const float a2 = (1.0f + w1.x) * lift;
+            const float a3 = (1.0f + w1.y) * lift;
+            const float a4 = (1.0f + w2.x) * lift;
+            const float a5 = (1.0f + w2.y) * lift;
+            const float a6 = (1.0f + w3.x) * lift;
+            const float a7 = (1.0f + w3.y) * lift;
+            *reinterpret_cast<float4*>(h + i_1) = make_float4(a0, a1, a2, a3);
+            *reinterpret_cast<float4*>(h + (i_1 + 4u)) = make_float4(a4, a5, a6, a7);
         }
     }
     grid_dependency_wait();
@@ -224,10 +241,10 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             #pragma unroll
             for (unsigned r = 0u; r < 2u; ++r) {
                 const uint2 wv_1 = wbuf[c * 2u + r];
-                const float4 f0 = e2m1x4_to_float4(wv_1.x);
-                const float4 f1 = e2m1x4_to_float4(wv_1.x >> 16u);
-                const float4 f2 = e2m1x4_to_float4(wv_1.y);
-                const float4 f3 = e2m1x4_to_float4(wv_1.y >> 16u);
+                const float4 f0 = e2m1x4_to_float4_raw(wv_1.x);
+                const float4 f1 = e2m1x4_to_float4_raw(wv_1.x >> 16u);
+                const float4 f2 = e2m1x4_to_float4_raw(wv_1.y);
+                const float4 f3 = e2m1x4_to_float4_raw(wv_1.y >> 16u);
                 float s = f0.x * h0.x;
                 s = fmaf(f0.y, h0.y, s);
                 s = fmaf(f0.z, h0.z, s);

@@ -43,16 +43,23 @@ __device__ __forceinline__ float e4m3_to_f32(fp8_e4m3 v) {
     return f16x2_to_float2(h2).x;
 }
 
-// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32.
-// sm_90 has no FP4 conversion: put each nibble's two exponent bits and one mantissa bit
-// where an f32 keeps them and its sign on top, then rescale by 2^126, the gap between the
-// biases (127 - 1). The code 0.001 (0.5) becomes an f32 subnormal and comes out exact.
-__device__ __forceinline__ float e2m1_to_f32(unsigned nibble) {
-    const float two_pow_126 = __uint_as_float(0x7e800000u);
-    return __uint_as_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * two_pow_126;
-}
-__device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
-    return make_float4(e2m1_to_f32(w), e2m1_to_f32(w >> 4), e2m1_to_f32(w >> 8), e2m1_to_f32(w >> 12));
+// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32 times
+// 2^-126, the raw decode's gap (sm_90 has no FP4 conversion). Each is the f32 with the
+// nibble's sign bit in bit 31 and its two exponent bits and mantissa bit in bits 24..22:
+// the value over 2^126, the gap between the biases (127 - 1; the code for 0.5 becomes an
+// exact subnormal). One integer multiply by 2^(28-4k) + 2^(22-4k) puts both copies of
+// nibble k in place (bits 31..28 and 25..22: apart, so the sum is their OR), and one mask
+// keeps bit 31 and bits 24..22. Nibbles 0 and 3 share a masked word: each one's copies
+// of the other land below bit 22 or past bit 31, apart, so nothing carries. A kernel that
+// lifts its activations (so that the products stay normal f32) and puts the gap back on
+// its sums saves the multiply a value that e2m1x4_to_float4 does.
+__device__ __forceinline__ float e2m1_raw_gap() { return __uint_as_float(0x7e800000u); }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
+    const unsigned keep = 0x81c00000u;
+    const unsigned g03 = w & 0xf00fu, g1 = w & 0x00f0u, g2 = w & 0x0f00u;
+    return make_float4(
+        __uint_as_float((g03 * 0x10400000u) & keep), __uint_as_float((g1 * 0x01040000u) & keep),
+        __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -105,7 +112,9 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     const unsigned row = s * d + j;
     const bool active = j < d;
     float norm_w = 0.0f;
-    const float global = scale2[2u];
+    const float gap = e2m1_raw_gap();
+    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
+    const float global = scale2[2u] * (gap / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[5];
     #pragma unroll
@@ -151,12 +160,12 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     va = va / (float)n;
     vb = vb / (float)n;
     if (ra < rank) {
-        u[ra] = silu(va);
+        u[ra] = silu(va) * lift;
     } else if (ra < rows && blockIdx.x == 0u) {
         gains[ra - rank] = 2.0f * sigmoid(va);
     }
     if (rb < rank) {
-        u[rb] = silu(vb);
+        u[rb] = silu(vb) * lift;
     } else if (rb < rows && blockIdx.x == 0u) {
         gains[rb - rank] = 2.0f * sigmoid(vb);
     }
@@ -167,10 +176,10 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
         const unsigned k_1 = (lane + c * 4u) * 16u;
         if (k_1 < rank) {
             const uint2 wv = wbuf[c];
-            const float4 f0 = e2m1x4_to_float4(wv.x);
-            const float4 f1 = e2m1x4_to_float4(wv.x >> 16u);
-            const float4 f2 = e2m1x4_to_float4(wv.y);
-            const float4 f3 = e2m1x4_to_float4(wv.y >> 16u);
+            const float4 f0 = e2m1x4_to_float4_raw(wv.x);
+            const float4 f1 = e2m1x4_to_float4_raw(wv.x >> 16u);
+            const float4 f2 = e2m1x4_to_float4_raw(wv.y);
+            const float4 f3 = e2m1x4_to_float4_raw(wv.y >> 16u);
             const float4 u0 = *reinterpret_cast<float4*>(u + k_1);
             const float4 u1 = *reinterpret_cast<float4*>(u + (k_1 + 4u));
             const float4 u2 = *reinterpret_cast<float4*>(u + (k_1 + 8u));

@@ -40,16 +40,31 @@ __device__ __forceinline__ float4 e4m3x4_to_float4(unsigned w) {
     return make_float4(l.x, l.y, h.x, h.y);
 }
 
-// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32.
-// sm_90 has no FP4 conversion: put each nibble's two exponent bits and one mantissa bit
-// where an f32 keeps them and its sign on top, then rescale by 2^126, the gap between the
-// biases (127 - 1). The code 0.001 (0.5) becomes an f32 subnormal and comes out exact.
-__device__ __forceinline__ float e2m1_to_f32(unsigned nibble) {
-    const float two_pow_126 = __uint_as_float(0x7e800000u);
-    return __uint_as_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * two_pow_126;
+// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32 times
+// 2^-126, the raw decode's gap (sm_90 has no FP4 conversion). Each is the f32 with the
+// nibble's sign bit in bit 31 and its two exponent bits and mantissa bit in bits 24..22:
+// the value over 2^126, the gap between the biases (127 - 1; the code for 0.5 becomes an
+// exact subnormal). One integer multiply by 2^(28-4k) + 2^(22-4k) puts both copies of
+// nibble k in place (bits 31..28 and 25..22: apart, so the sum is their OR), and one mask
+// keeps bit 31 and bits 24..22. Nibbles 0 and 3 share a masked word: each one's copies
+// of the other land below bit 22 or past bit 31, apart, so nothing carries. A kernel that
+// lifts its activations (so that the products stay normal f32) and puts the gap back on
+// its sums saves the multiply a value that e2m1x4_to_float4 does.
+__device__ __forceinline__ float e2m1_raw_gap() { return __uint_as_float(0x7e800000u); }
+__device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
+    const unsigned keep = 0x81c00000u;
+    const unsigned g03 = w & 0xf00fu, g1 = w & 0x00f0u, g2 = w & 0x0f00u;
+    return make_float4(
+        __uint_as_float((g03 * 0x10400000u) & keep), __uint_as_float((g1 * 0x01040000u) & keep),
+        __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));
 }
+
+// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32, exact:
+// the raw decode times its gap (a multiply a value on sm_90, none on sm_121a).
 __device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {
-    return make_float4(e2m1_to_f32(w), e2m1_to_f32(w >> 4), e2m1_to_f32(w >> 8), e2m1_to_f32(w >> 12));
+    const float4 r = e2m1x4_to_float4_raw(w);
+    const float g = e2m1_raw_gap();
+    return make_float4(r.x * g, r.y * g, r.z * g, r.w * g);
 }
 
 extern "C" __global__ void __launch_bounds__(128) ple_gather_nvfp4(

@@ -69,6 +69,14 @@ pub enum Intrinsic {
     DotBf16x8,
     E4m3x4ToF32x4,
     E2m1x4ToF32x4,
+    /// `e2m1x4_to_f32x4_raw(w)`: `e2m1x4_to_f32x4` without the multiply that puts its values at
+    /// scale: each value comes out divided by `e2m1_raw_gap()` (2^126 on sm_90, where the decode
+    /// is bits put in place; 1 on sm_121a, which converts). A kernel using it lifts its
+    /// activations so that the products stay normal f32, and multiplies its sums by the gap over
+    /// the lift: one multiply a block scale instead of one a value.
+    E2m1x4ToF32x4Raw,
+    /// The factor `e2m1x4_to_f32x4_raw` leaves out (an f32 constant of the target).
+    E2m1RawGap,
     /// Σ of 16 E2M1 values (`u32x2`, element 0 in the low nibble) times 16 activations that
     /// `stage_e2m1_x8` staged; f16 products, an f32 result.
     DotE2m1x16,
@@ -193,6 +201,8 @@ impl Intrinsic {
             "dot_bf16x8" => plain(Intrinsic::DotBf16x8),
             "e4m3x4_to_f32x4" => plain(Intrinsic::E4m3x4ToF32x4),
             "e2m1x4_to_f32x4" => plain(Intrinsic::E2m1x4ToF32x4),
+            "e2m1x4_to_f32x4_raw" => plain(Intrinsic::E2m1x4ToF32x4Raw),
+            "e2m1_raw_gap" => plain(Intrinsic::E2m1RawGap),
             "dot_e2m1x16" => plain(Intrinsic::DotE2m1x16),
             "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
             "e2m1x8_to_f16x8" => plain(Intrinsic::E2m1x8ToF16x8),
@@ -476,7 +486,11 @@ impl Intrinsic {
                 want(1, v)?;
                 sig(vec![v, v], f32)
             }
-            I::E4m3x4ToF32x4 | I::E2m1x4ToF32x4 => {
+            I::E2m1RawGap => {
+                arity(0)?;
+                sig(vec![], f32)
+            }
+            I::E4m3x4ToF32x4 | I::E2m1x4ToF32x4 | I::E2m1x4ToF32x4Raw => {
                 arity(1)?;
                 want(0, u32)?;
                 sig(vec![u32], Type::Vector(Vector::F32x4))
@@ -558,6 +572,7 @@ impl Intrinsic {
             I::DotBf16x8 => &[Helper::DotBf16x8],
             I::E4m3x4ToF32x4 => &[Helper::E4m3x4ToFloat4],
             I::E2m1x4ToF32x4 => &[Helper::E2m1x4ToFloat4],
+            I::E2m1x4ToF32x4Raw | I::E2m1RawGap => &[Helper::E2m1x4ToFloat4Raw],
             I::DotE2m1x16 => &[Helper::DotE2m1x16],
             I::StageE2m1x8 => &[Helper::StageE2m1x8],
             I::E2m1x8ToF16x8 => &[Helper::E2m1x8ToF16x8],

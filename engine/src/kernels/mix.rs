@@ -411,8 +411,14 @@ pub fn mix_down_nvfp4(
             nbuf[t] = load_vec::<u32x4>(norm, base + i);
         }
     }
-    let global_down = scale2[0];
-    let global_inject = scale2[1];
+    // The products decode raw (`e2m1x4_to_f32x4_raw`: no multiply a value), short by the gap
+    // (2^126 on sm_90): h is staged lifted by 2^64 (through `1 + w`), so that every product stays
+    // a normal f32 (for |w·h| ≥ 2^-64 and |h| < 2^64), and the global scales carry the rest
+    // (2^62): powers of two, so the sums round as the exact decode's.
+    let gap = e2m1_raw_gap();
+    let lift = if gap > 1.0 { f32_from_bits(0x5f800000) } else { 1.0 };
+    let global_down = scale2[0] * (gap / lift);
+    let global_inject = scale2[1] * (gap / lift);
     let mut wbuf = [u32x2(0, 0); ROWS * CHUNKS];
     // The block scales' raw e4m3 bytes, decoded after the wait: a decode here would hold each
     // chunk's loads until the previous chunk's scale arrived.
@@ -438,8 +444,12 @@ pub fn mix_down_nvfp4(
             let wv = nbuf[t];
             let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
             let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-            store_vec(h, i, f32x4(1.0 + w0.x, 1.0 + w0.y, 1.0 + w1.x, 1.0 + w1.y));
-            store_vec(h, i + 4, f32x4(1.0 + w2.x, 1.0 + w2.y, 1.0 + w3.x, 1.0 + w3.y));
+            let (a0, a1) = ((1.0 + w0.x) * lift, (1.0 + w0.y) * lift);
+            let (a2, a3) = ((1.0 + w1.x) * lift, (1.0 + w1.y) * lift);
+            let (a4, a5) = ((1.0 + w2.x) * lift, (1.0 + w2.y) * lift);
+            let (a6, a7) = ((1.0 + w3.x) * lift, (1.0 + w3.y) * lift);
+            store_vec(h, i, f32x4(a0, a1, a2, a3));
+            store_vec(h, i + 4, f32x4(a4, a5, a6, a7));
         }
     }
     grid_dependency_wait();
@@ -501,8 +511,8 @@ pub fn mix_down_nvfp4(
             #[unroll]
             for r in 0..ROWS {
                 let wv = wbuf[c * ROWS + r];
-                let (f0, f1) = (e2m1x4_to_f32x4(wv.x), e2m1x4_to_f32x4(wv.x >> 16));
-                let (f2, f3) = (e2m1x4_to_f32x4(wv.y), e2m1x4_to_f32x4(wv.y >> 16));
+                let (f0, f1) = (e2m1x4_to_f32x4_raw(wv.x), e2m1x4_to_f32x4_raw(wv.x >> 16));
+                let (f2, f3) = (e2m1x4_to_f32x4_raw(wv.y), e2m1x4_to_f32x4_raw(wv.y >> 16));
                 let mut s = f0.x * h0.x;
                 s = fma(f0.y, h0.y, s);
                 s = fma(f0.z, h0.z, s);
@@ -592,7 +602,11 @@ pub fn mix_up_nvfp4(
     // Before the wait, immutable data only: the norm value, the global scale, the row's codes and
     // block scales.
     let mut norm_w = 0.0;
-    let global = scale2[2];
+    // Raw decode, as in mix_down_nvfp4: u is stored lifted by 2^64 on sm_90 and the global
+    // scale carries the rest of the gap (2^62).
+    let gap = e2m1_raw_gap();
+    let lift = if gap > 1.0 { f32_from_bits(0x5f800000) } else { 1.0 };
+    let global = scale2[2] * (gap / lift);
     let mut wbuf = [u32x2(0, 0); CHUNKS];
     let mut sbuf = [0.0; CHUNKS];
     if active {
@@ -637,12 +651,12 @@ pub fn mix_up_nvfp4(
     va = va / n as f32;
     vb = vb / n as f32;
     if ra < rank {
-        u[ra] = silu(va);
+        u[ra] = silu(va) * lift;
     } else if ra < rows && block_idx() == 0 {
         gains[ra - rank] = 2.0 * sigmoid(va);
     }
     if rb < rank {
-        u[rb] = silu(vb);
+        u[rb] = silu(vb) * lift;
     } else if rb < rows && block_idx() == 0 {
         gains[rb - rank] = 2.0 * sigmoid(vb);
     }
@@ -654,8 +668,8 @@ pub fn mix_up_nvfp4(
         let k = (lane + c * LANES) * 16;
         if k < rank {
             let wv = wbuf[c];
-            let (f0, f1) = (e2m1x4_to_f32x4(wv.x), e2m1x4_to_f32x4(wv.x >> 16));
-            let (f2, f3) = (e2m1x4_to_f32x4(wv.y), e2m1x4_to_f32x4(wv.y >> 16));
+            let (f0, f1) = (e2m1x4_to_f32x4_raw(wv.x), e2m1x4_to_f32x4_raw(wv.x >> 16));
+            let (f2, f3) = (e2m1x4_to_f32x4_raw(wv.y), e2m1x4_to_f32x4_raw(wv.y >> 16));
             let (u0, u1) = (load_vec::<f32x4>(u, k), load_vec::<f32x4>(u, k + 4));
             let (u2, u3) = (load_vec::<f32x4>(u, k + 8), load_vec::<f32x4>(u, k + 12));
             let mut b = f0.x * u0.x;

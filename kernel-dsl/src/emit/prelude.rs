@@ -19,8 +19,9 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "dot_bf16x4",
     "dot_bf16x8",
     "e4m3x4_to_float4",
-    "e2m1_to_f32",
     "e2m1x4_to_float4",
+    "e2m1x4_to_float4_raw",
+    "e2m1_raw_gap",
     "hfma2",
     "pack_f16x2",
     "e2m1x8_to_f16x2",
@@ -63,6 +64,7 @@ pub enum Helper {
     DotBf16x4,
     DotBf16x8,
     E4m3x4ToFloat4,
+    E2m1x4ToFloat4Raw,
     E2m1x4ToFloat4,
     Hfma2,
     PackF16x2,
@@ -100,7 +102,8 @@ impl Helper {
             H::F16ToF32 | H::F32ToF16 => &[H::TypeF16],
             H::E4m3ToF32 => &[H::TypeE4m3, H::F16x2ToFloat2],
             H::E4m3x4ToFloat4 => &[H::F16x2ToFloat2],
-            H::E2m1x4ToFloat4 => &[H::F16x2ToFloat2],
+            H::E2m1x4ToFloat4Raw => &[H::F16x2ToFloat2],
+            H::E2m1x4ToFloat4 => &[H::E2m1x4ToFloat4Raw],
             H::DotBf16x4 | H::DotBf16x8 => &[H::Bf16x2ToFloat2],
             H::DotE2m1x16 => &[H::Hfma2, H::E2m1x8ToF16x2, H::F16x2ToFloat2],
             H::StageE2m1x8 => &[H::PackF16x2],
@@ -228,10 +231,12 @@ impl Helper {
                  \x20   return make_float4(l.x, l.y, h.x, h.y);\n\
                  }\n"
             }
-            H::E2m1x4ToFloat4 if arch.has_fp4_conversion() => {
+            H::E2m1x4ToFloat4Raw if arch.has_fp4_conversion() => {
                 "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32:\n\
-                 // sm_121a converts a byte of two nibbles to two f16 in one instruction.\n\
-                 __device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {\n\
+                 // sm_121a converts a byte of two nibbles to two f16 in one instruction, exact, so the\n\
+                 // raw decode has no gap.\n\
+                 __device__ __forceinline__ float e2m1_raw_gap() { return 1.0f; }\n\
+                 __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {\n\
                  \x20   unsigned lo, hi;\n\
                  \x20   asm(\"{ .reg .b8 b0, b1, b2, b3; mov.b32 {b0, b1, b2, b3}, %2;\"\n\
                  \x20       \" cvt.rn.f16x2.e2m1x2 %0, b0; cvt.rn.f16x2.e2m1x2 %1, b1; }\"\n\
@@ -240,17 +245,33 @@ impl Helper {
                  \x20   return make_float4(l.x, l.y, h.x, h.y);\n\
                  }\n"
             }
+            H::E2m1x4ToFloat4Raw => {
+                "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32 times\n\
+                 // 2^-126, the raw decode's gap (sm_90 has no FP4 conversion). Each is the f32 with the\n\
+                 // nibble's sign bit in bit 31 and its two exponent bits and mantissa bit in bits 24..22:\n\
+                 // the value over 2^126, the gap between the biases (127 - 1; the code for 0.5 becomes an\n\
+                 // exact subnormal). One integer multiply by 2^(28-4k) + 2^(22-4k) puts both copies of\n\
+                 // nibble k in place (bits 31..28 and 25..22: apart, so the sum is their OR), and one mask\n\
+                 // keeps bit 31 and bits 24..22. Nibbles 0 and 3 share a masked word: each one's copies\n\
+                 // of the other land below bit 22 or past bit 31, apart, so nothing carries. A kernel that\n\
+                 // lifts its activations (so that the products stay normal f32) and puts the gap back on\n\
+                 // its sums saves the multiply a value that e2m1x4_to_float4 does.\n\
+                 __device__ __forceinline__ float e2m1_raw_gap() { return __uint_as_float(0x7e800000u); }\n\
+                 __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {\n\
+                 \x20   const unsigned keep = 0x81c00000u;\n\
+                 \x20   const unsigned g03 = w & 0xf00fu, g1 = w & 0x00f0u, g2 = w & 0x0f00u;\n\
+                 \x20   return make_float4(\n\
+                 \x20       __uint_as_float((g03 * 0x10400000u) & keep), __uint_as_float((g1 * 0x01040000u) & keep),\n\
+                 \x20       __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));\n\
+                 }\n"
+            }
             H::E2m1x4ToFloat4 => {
-                "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32.\n\
-                 // sm_90 has no FP4 conversion: put each nibble's two exponent bits and one mantissa bit\n\
-                 // where an f32 keeps them and its sign on top, then rescale by 2^126, the gap between the\n\
-                 // biases (127 - 1). The code 0.001 (0.5) becomes an f32 subnormal and comes out exact.\n\
-                 __device__ __forceinline__ float e2m1_to_f32(unsigned nibble) {\n\
-                 \x20   const float two_pow_126 = __uint_as_float(0x7e800000u);\n\
-                 \x20   return __uint_as_float(((nibble & 7u) << 22) | ((nibble & 8u) << 28)) * two_pow_126;\n\
-                 }\n\
+                "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32, exact:\n\
+                 // the raw decode times its gap (a multiply a value on sm_90, none on sm_121a).\n\
                  __device__ __forceinline__ float4 e2m1x4_to_float4(unsigned w) {\n\
-                 \x20   return make_float4(e2m1_to_f32(w), e2m1_to_f32(w >> 4), e2m1_to_f32(w >> 8), e2m1_to_f32(w >> 12));\n\
+                 \x20   const float4 r = e2m1x4_to_float4_raw(w);\n\
+                 \x20   const float g = e2m1_raw_gap();\n\
+                 \x20   return make_float4(r.x * g, r.y * g, r.z * g, r.w * g);\n\
                  }\n"
             }
             H::Hfma2 => {
@@ -559,7 +580,7 @@ mod tests {
 
     #[test]
     fn fp4_decode_depends_on_the_arch() {
-        assert!(Helper::E2m1x4ToFloat4.code(Arch::Sm121a).contains("cvt.rn.f16x2.e2m1x2"));
-        assert!(!Helper::E2m1x4ToFloat4.code(Arch::Sm90).contains("cvt.rn.f16x2.e2m1x2"));
+        assert!(Helper::E2m1x4ToFloat4Raw.code(Arch::Sm121a).contains("cvt.rn.f16x2.e2m1x2"));
+        assert!(!Helper::E2m1x4ToFloat4Raw.code(Arch::Sm90).contains("cvt.rn.f16x2.e2m1x2"));
     }
 }

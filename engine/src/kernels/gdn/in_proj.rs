@@ -198,6 +198,13 @@ pub fn gdn_in_proj_nvfp4(
     // loads).
     let mut codes = [u32x2(0, 0); ROWS * STEPS * (1 - MMA) + MMA];
     let mut wscale = [0.0; ROWS * STEPS * (1 - MMA) + MMA];
+    // The f32 path decodes raw (`e2m1x4_to_f32x4_raw`: no multiply a value), its values short by
+    // the gap (2^126 on sm_90). x comes lifted by 2^64 there, so that every product stays a
+    // normal f32 (for |w·x| ≥ 2^-64 and |x| < 2^64), and each block scale carries the rest of
+    // the gap (2^62): all powers of two, so the sums round as the exact decode's, bit for bit.
+    let gap = e2m1_raw_gap();
+    let lift = if gap > 1.0 { f32_from_bits(0x5f800000) } else { 1.0 };
+    let drop = gap / lift;
     if MMA == 0 {
         #[unroll]
         for j in 0..STEPS {
@@ -216,7 +223,7 @@ pub fn gdn_in_proj_nvfp4(
             for r in 0..ROWS {
                 let row = min(row0 + r, rows - 1);
                 let scale = scales[row * (hidden / 16) + c / 16] as f32;
-                wscale[j * ROWS + r] = if live { scale } else { 0.0 };
+                wscale[j * ROWS + r] = if live { scale * drop } else { 0.0 };
             }
         }
     }
@@ -241,7 +248,7 @@ pub fn gdn_in_proj_nvfp4(
         }
     } else if DIRECT == 0 {
         for i in (thread_idx()..hidden).step_by(32 * WARPS) {
-            xs[i] = x[i] as f32;
+            xs[i] = (x[i] as f32) * lift;
         }
     }
     if DIRECT == 0 {
@@ -312,12 +319,12 @@ pub fn gdn_in_proj_nvfp4(
                 let hi = load_vec::<u32x4>(x, c + 8);
                 let (a, b, e, f) =
                     (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
-                x0 = f32x4(a.x, a.y, b.x, b.y);
-                x1 = f32x4(e.x, e.y, f.x, f.y);
+                x0 = f32x4(a.x * lift, a.y * lift, b.x * lift, b.y * lift);
+                x1 = f32x4(e.x * lift, e.y * lift, f.x * lift, f.y * lift);
                 let (a, b, e, f) =
                     (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
-                x2 = f32x4(a.x, a.y, b.x, b.y);
-                x3 = f32x4(e.x, e.y, f.x, f.y);
+                x2 = f32x4(a.x * lift, a.y * lift, b.x * lift, b.y * lift);
+                x3 = f32x4(e.x * lift, e.y * lift, f.x * lift, f.y * lift);
             } else {
                 x0 = load_vec::<f32x4>(xs, c);
                 x1 = load_vec::<f32x4>(xs, c + 4);
@@ -327,10 +334,10 @@ pub fn gdn_in_proj_nvfp4(
             #[unroll]
             for r in 0..ROWS {
                 let wv = codes[j * ROWS + r];
-                let w0 = e2m1x4_to_f32x4(wv.x);
-                let w1 = e2m1x4_to_f32x4(wv.x >> 16);
-                let w2 = e2m1x4_to_f32x4(wv.y);
-                let w3 = e2m1x4_to_f32x4(wv.y >> 16);
+                let w0 = e2m1x4_to_f32x4_raw(wv.x);
+                let w1 = e2m1x4_to_f32x4_raw(wv.x >> 16);
+                let w2 = e2m1x4_to_f32x4_raw(wv.y);
+                let w3 = e2m1x4_to_f32x4_raw(wv.y >> 16);
                 let mut s = w0.x * x0.x;
                 s += w0.y * x0.y;
                 s += w0.z * x0.z;
