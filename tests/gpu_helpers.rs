@@ -43,6 +43,7 @@ fn decode_check(
         e2m1_raw_quads[4 * i + 3] = r.w;
         if i == 0 {
             e2m1_gap[0] = e2m1_raw_gap();
+            e2m1_gap[1] = e2m1_raw_lift();
         }
         e4m3_single[i] = codes[i % 256] as f32;
         packed[i] = pack_bf16x2(floats[2 * i], floats[2 * i + 1]);
@@ -115,7 +116,7 @@ fn number_format_helpers_match_the_host_decoders() {
     let mut q8 = gpu.alloc::<f32>(4 * n).expect("alloc");
     let mut q4 = gpu.alloc::<f32>(4 * n).expect("alloc");
     let mut r4 = gpu.alloc::<f32>(4 * n).expect("alloc");
-    let mut gap = gpu.alloc::<f32>(1).expect("alloc");
+    let mut gap = gpu.alloc::<f32>(2).expect("alloc");
     let mut s8 = gpu.alloc::<f32>(n).expect("alloc");
     let mut packed = gpu.alloc::<u32>(n).expect("alloc");
     let mut rounded = gpu.alloc::<bf16>(n).expect("alloc");
@@ -142,9 +143,14 @@ fn number_format_helpers_match_the_host_decoders() {
     unsafe { k.launch(&gpu, &args) }.expect("launch");
     let (q8, q4, s8) = (gpu.download(&q8).expect("dl"), gpu.download(&q4).expect("dl"), gpu.download(&s8).expect("dl"));
     let (packed, rounded) = (gpu.download(&packed).expect("dl"), gpu.download(&rounded).expect("dl"));
-    let (r4, gap) = (gpu.download(&r4).expect("dl"), gpu.download(&gap).expect("dl")[0]);
-    // The raw decode's gap: 2^126 where FP4 is decoded in software (sm_90), 1 where converted.
-    assert!(gap == 2f32.powi(126) || gap == 1.0, "e2m1_raw_gap() = {gap}");
+    let (r4, gaps) = (gpu.download(&r4).expect("dl"), gpu.download(&gap).expect("dl"));
+    // The raw decode's gap: 2^126 where FP4 is decoded in software (sm_90), 1 where converted;
+    // the activations' lift with it: 2^64, or none.
+    let (gap, lift) = (gaps[0], gaps[1]);
+    assert!(
+        (gap, lift) == (2f32.powi(126), 2f32.powi(64)) || (gap, lift) == (1.0, 1.0),
+        "e2m1_raw_gap() = {gap}, e2m1_raw_lift() = {lift}"
+    );
 
     let mut bad = Vec::new();
     for (i, &w) in words.iter().enumerate() {

@@ -81,6 +81,9 @@ __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
     return make_float4(l.x, l.y, h.x, h.y);
 }
 
+// The raw decode has no gap here: activations need no lift.
+__device__ __forceinline__ float e2m1_raw_lift() { return 1.0f; }
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -133,9 +136,8 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     #pragma unroll
     for (int __i = 0; __i < 10; ++__i) codes[__i] = __fill_codes;
     float wscale[10] = {};
-    const float gap = e2m1_raw_gap();
-    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
-    const float drop = gap / lift;
+    const float lift = e2m1_raw_lift();
+    const float drop = e2m1_raw_gap() / lift;
     #pragma unroll
     for (unsigned j = 0u; j < 5u; ++j) {
         const unsigned c = min(

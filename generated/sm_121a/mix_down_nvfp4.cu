@@ -60,6 +60,9 @@ __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
     return make_float4(l.x, l.y, h.x, h.y);
 }
 
+// The raw decode has no gap here: activations need no lift.
+__device__ __forceinline__ float e2m1_raw_lift() { return 1.0f; }
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -128,10 +131,9 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             nbuf[t] = *reinterpret_cast<const uint4*>(norm + (base + i));
         }
     }
-    const float gap = e2m1_raw_gap();
-    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
-    const float global_down = scale2[0u] * (gap / lift);
-    const float global_inject = scale2[1u] * (gap / lift);
+    const float lift = e2m1_raw_lift();
+    const float global_down = scale2[0u] * (e2m1_raw_gap() / lift);
+    const float global_inject = scale2[1u] * (e2m1_raw_gap() / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[10];
     #pragma unroll

@@ -56,6 +56,9 @@ __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
     return make_float4(l.x, l.y, h.x, h.y);
 }
 
+// The raw decode has no gap here: activations need no lift.
+__device__ __forceinline__ float e2m1_raw_lift() { return 1.0f; }
+
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
@@ -106,9 +109,8 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     const unsigned row = s * d + j;
     const bool active = j < d;
     float norm_w = 0.0f;
-    const float gap = e2m1_raw_gap();
-    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
-    const float global = scale2[2u] * (gap / lift);
+    const float lift = e2m1_raw_lift();
+    const float global = scale2[2u] * (e2m1_raw_gap() / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[5];
     #pragma unroll

@@ -87,6 +87,10 @@ __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
         __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));
 }
 
+// What a kernel multiplies its activations by before products with raw values, 2^64:
+// the products stay normal f32 for |w·x| >= 2^-64 and |x| < 2^64.
+__device__ __forceinline__ float e2m1_raw_lift() { return __uint_as_float(0x5f800000u); }
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -139,9 +143,8 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
     #pragma unroll
     for (int __i = 0; __i < 10; ++__i) codes[__i] = __fill_codes;
     float wscale[10] = {};
-    const float gap = e2m1_raw_gap();
-    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
-    const float drop = gap / lift;
+    const float lift = e2m1_raw_lift();
+    const float drop = e2m1_raw_gap() / lift;
     #pragma unroll
     for (unsigned j = 0u; j < 5u; ++j) {
         const unsigned c = min(

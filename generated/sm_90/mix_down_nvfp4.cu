@@ -66,6 +66,10 @@ __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
         __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));
 }
 
+// What a kernel multiplies its activations by before products with raw values, 2^64:
+// the products stay normal f32 for |w·x| >= 2^-64 and |x| < 2^64.
+__device__ __forceinline__ float e2m1_raw_lift() { return __uint_as_float(0x5f800000u); }
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -134,10 +138,9 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             nbuf[t] = *reinterpret_cast<const uint4*>(norm + (base + i));
         }
     }
-    const float gap = e2m1_raw_gap();
-    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
-    const float global_down = scale2[0u] * (gap / lift);
-    const float global_inject = scale2[1u] * (gap / lift);
+    const float lift = e2m1_raw_lift();
+    const float global_down = scale2[0u] * (e2m1_raw_gap() / lift);
+    const float global_inject = scale2[1u] * (e2m1_raw_gap() / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[10];
     #pragma unroll

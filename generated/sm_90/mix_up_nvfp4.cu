@@ -62,6 +62,10 @@ __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
         __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));
 }
 
+// What a kernel multiplies its activations by before products with raw values, 2^64:
+// the products stay normal f32 for |w·x| >= 2^-64 and |x| < 2^64.
+__device__ __forceinline__ float e2m1_raw_lift() { return __uint_as_float(0x5f800000u); }
+
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
@@ -112,9 +116,8 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     const unsigned row = s * d + j;
     const bool active = j < d;
     float norm_w = 0.0f;
-    const float gap = e2m1_raw_gap();
-    const float lift = gap > 1.0f ? __uint_as_float(1602224128u) : 1.0f;
-    const float global = scale2[2u] * (gap / lift);
+    const float lift = e2m1_raw_lift();
+    const float global = scale2[2u] * (e2m1_raw_gap() / lift);
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[5];
     #pragma unroll

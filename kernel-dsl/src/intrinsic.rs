@@ -77,6 +77,11 @@ pub enum Intrinsic {
     E2m1x4ToF32x4Raw,
     /// The factor `e2m1x4_to_f32x4_raw` leaves out (an f32 constant of the target).
     E2m1RawGap,
+    /// The power of two a kernel multiplies its activations by before products with raw values
+    /// (an f32 constant of the target): 2^64 where the gap is 2^126, so that the products stay
+    /// normal f32 for |w·x| ≥ 2^-64 and |x| < 2^64; 1 where there is no gap. Its sums then carry
+    /// `e2m1_raw_gap() / e2m1_raw_lift()`, a power of two, so they round as exact products' would.
+    E2m1RawLift,
     /// Σ of 16 E2M1 values (`u32x2`, element 0 in the low nibble) times 16 activations that
     /// `stage_e2m1_x8` staged; f16 products, an f32 result.
     DotE2m1x16,
@@ -203,6 +208,7 @@ impl Intrinsic {
             "e2m1x4_to_f32x4" => plain(Intrinsic::E2m1x4ToF32x4),
             "e2m1x4_to_f32x4_raw" => plain(Intrinsic::E2m1x4ToF32x4Raw),
             "e2m1_raw_gap" => plain(Intrinsic::E2m1RawGap),
+            "e2m1_raw_lift" => plain(Intrinsic::E2m1RawLift),
             "dot_e2m1x16" => plain(Intrinsic::DotE2m1x16),
             "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
             "e2m1x8_to_f16x8" => plain(Intrinsic::E2m1x8ToF16x8),
@@ -486,7 +492,7 @@ impl Intrinsic {
                 want(1, v)?;
                 sig(vec![v, v], f32)
             }
-            I::E2m1RawGap => {
+            I::E2m1RawGap | I::E2m1RawLift => {
                 arity(0)?;
                 sig(vec![], f32)
             }
@@ -573,6 +579,7 @@ impl Intrinsic {
             I::E4m3x4ToF32x4 => &[Helper::E4m3x4ToFloat4],
             I::E2m1x4ToF32x4 => &[Helper::E2m1x4ToFloat4],
             I::E2m1x4ToF32x4Raw | I::E2m1RawGap => &[Helper::E2m1x4ToFloat4Raw],
+            I::E2m1RawLift => &[Helper::E2m1RawLift],
             I::DotE2m1x16 => &[Helper::DotE2m1x16],
             I::StageE2m1x8 => &[Helper::StageE2m1x8],
             I::E2m1x8ToF16x8 => &[Helper::E2m1x8ToF16x8],

@@ -412,13 +412,12 @@ pub fn mix_down_nvfp4(
         }
     }
     // The products decode raw (`e2m1x4_to_f32x4_raw`: no multiply a value), short by the gap
-    // (2^126 on sm_90): h is staged lifted by 2^64 (through `1 + w`), so that every product stays
-    // a normal f32 (for |w·h| ≥ 2^-64 and |h| < 2^64), and the global scales carry the rest
-    // (2^62): powers of two, so the sums round as the exact decode's.
-    let gap = e2m1_raw_gap();
-    let lift = if gap > 1.0 { f32_from_bits(0x5f800000) } else { 1.0 };
-    let global_down = scale2[0] * (gap / lift);
-    let global_inject = scale2[1] * (gap / lift);
+    // (2^126 on sm_90): h is staged lifted (by 2^64 there, through `1 + w`), so that every
+    // product stays a normal f32, and the global scales carry the rest (2^62): powers of two, so
+    // the sums round as the exact decode's.
+    let lift = e2m1_raw_lift();
+    let global_down = scale2[0] * (e2m1_raw_gap() / lift);
+    let global_inject = scale2[1] * (e2m1_raw_gap() / lift);
     let mut wbuf = [u32x2(0, 0); ROWS * CHUNKS];
     // The block scales' raw e4m3 bytes, decoded after the wait: a decode here would hold each
     // chunk's loads until the previous chunk's scale arrived.
@@ -602,11 +601,10 @@ pub fn mix_up_nvfp4(
     // Before the wait, immutable data only: the norm value, the global scale, the row's codes and
     // block scales.
     let mut norm_w = 0.0;
-    // Raw decode, as in mix_down_nvfp4: u is stored lifted by 2^64 on sm_90 and the global
-    // scale carries the rest of the gap (2^62).
-    let gap = e2m1_raw_gap();
-    let lift = if gap > 1.0 { f32_from_bits(0x5f800000) } else { 1.0 };
-    let global = scale2[2] * (gap / lift);
+    // Raw decode, as in mix_down_nvfp4: u is stored lifted and the global scale carries the
+    // rest of the gap.
+    let lift = e2m1_raw_lift();
+    let global = scale2[2] * (e2m1_raw_gap() / lift);
     let mut wbuf = [u32x2(0, 0); CHUNKS];
     let mut sbuf = [0.0; CHUNKS];
     if active {

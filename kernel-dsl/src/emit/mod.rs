@@ -707,6 +707,7 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::E2m1x4ToF32x4 => join("e2m1x4_to_float4"),
         I::E2m1x4ToF32x4Raw => join("e2m1x4_to_float4_raw"),
         I::E2m1RawGap => "e2m1_raw_gap()".into(),
+        I::E2m1RawLift => "e2m1_raw_lift()".into(),
         I::DotE2m1x16 => join("dot_e2m1x16"),
         I::StageE2m1x8 => join("stage_e2m1_x8"),
         I::E2m1x8ToF16x8 => join("e2m1x8_to_f16x8"),

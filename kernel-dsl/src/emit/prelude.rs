@@ -22,6 +22,7 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "e2m1x4_to_float4",
     "e2m1x4_to_float4_raw",
     "e2m1_raw_gap",
+    "e2m1_raw_lift",
     "hfma2",
     "pack_f16x2",
     "e2m1x8_to_f16x2",
@@ -65,6 +66,7 @@ pub enum Helper {
     DotBf16x8,
     E4m3x4ToFloat4,
     E2m1x4ToFloat4Raw,
+    E2m1RawLift,
     E2m1x4ToFloat4,
     Hfma2,
     PackF16x2,
@@ -264,6 +266,15 @@ impl Helper {
                  \x20       __uint_as_float((g03 * 0x10400000u) & keep), __uint_as_float((g1 * 0x01040000u) & keep),\n\
                  \x20       __uint_as_float((g2 * 0x00104000u) & keep), __uint_as_float((g03 * 0x00010400u) & keep));\n\
                  }\n"
+            }
+            H::E2m1RawLift if arch.has_fp4_conversion() => {
+                "// The raw decode has no gap here: activations need no lift.\n\
+                 __device__ __forceinline__ float e2m1_raw_lift() { return 1.0f; }\n"
+            }
+            H::E2m1RawLift => {
+                "// What a kernel multiplies its activations by before products with raw values, 2^64:\n\
+                 // the products stay normal f32 for |w·x| >= 2^-64 and |x| < 2^64.\n\
+                 __device__ __forceinline__ float e2m1_raw_lift() { return __uint_as_float(0x5f800000u); }\n"
             }
             H::E2m1x4ToFloat4 => {
                 "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32, exact:\n\

@@ -199,12 +199,11 @@ pub fn gdn_in_proj_nvfp4(
     let mut codes = [u32x2(0, 0); ROWS * STEPS * (1 - MMA) + MMA];
     let mut wscale = [0.0; ROWS * STEPS * (1 - MMA) + MMA];
     // The f32 path decodes raw (`e2m1x4_to_f32x4_raw`: no multiply a value), its values short by
-    // the gap (2^126 on sm_90). x comes lifted by 2^64 there, so that every product stays a
-    // normal f32 (for |w·x| ≥ 2^-64 and |x| < 2^64), and each block scale carries the rest of
-    // the gap (2^62): all powers of two, so the sums round as the exact decode's, bit for bit.
-    let gap = e2m1_raw_gap();
-    let lift = if gap > 1.0 { f32_from_bits(0x5f800000) } else { 1.0 };
-    let drop = gap / lift;
+    // the gap (2^126 on sm_90). x comes lifted (by 2^64 there), so that every product stays a
+    // normal f32, and each block scale carries the rest of the gap (2^62): all powers of two, so
+    // the sums round as the exact decode's, bit for bit.
+    let lift = e2m1_raw_lift();
+    let drop = e2m1_raw_gap() / lift;
     if MMA == 0 {
         #[unroll]
         for j in 0..STEPS {
