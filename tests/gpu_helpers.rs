@@ -1,6 +1,7 @@
 //! The prelude's number-format helpers on a GPU, exhaustively against the host decoders: every
-//! FP8 code in every byte position, every 16-bit FP4 quad, bf16 rounding of random and special
-//! values, and the warp and block reductions.
+//! FP8 code in every byte position, every 16-bit FP4 quad (the exact decode and the raw one, with
+//! its gap and lift), bf16 rounding of random and special values, and the warp and block
+//! reductions.
 
 use engine::cuda::Gpu;
 use flashnext::rng::Rng;
@@ -17,7 +18,7 @@ fn decode_check(
     e4m3_quads: &mut [f32],
     e2m1_quads: &mut [f32],
     e2m1_raw_quads: &mut [f32],
-    e2m1_gap: &mut [f32],
+    e2m1_constants: &mut [f32],
     e4m3_single: &mut [f32],
     packed: &mut [u32],
     rounded: &mut [bf16],
@@ -42,8 +43,8 @@ fn decode_check(
         e2m1_raw_quads[4 * i + 2] = r.z;
         e2m1_raw_quads[4 * i + 3] = r.w;
         if i == 0 {
-            e2m1_gap[0] = e2m1_raw_gap();
-            e2m1_gap[1] = e2m1_raw_lift();
+            e2m1_constants[0] = e2m1_raw_gap();
+            e2m1_constants[1] = e2m1_raw_lift();
         }
         e4m3_single[i] = codes[i % 256] as f32;
         packed[i] = pack_bf16x2(floats[2 * i], floats[2 * i + 1]);
@@ -133,7 +134,7 @@ fn number_format_helpers_match_the_host_decoders() {
         e4m3_quads: q8.ptr_mut(),
         e2m1_quads: q4.ptr_mut(),
         e2m1_raw_quads: r4.ptr_mut(),
-        e2m1_gap: gap.ptr_mut(),
+        e2m1_constants: gap.ptr_mut(),
         e4m3_single: s8.ptr_mut(),
         packed: packed.ptr_mut(),
         rounded: rounded.ptr_mut(),
