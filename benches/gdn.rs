@@ -476,9 +476,17 @@ fn sweep(
     bytes: usize,
     out: &mut Sink,
 ) {
-    // FLASHNEXT_BENCH_NO_SWEEP=1 skips the tile sweeps (they compile every candidate on the device).
+    // FLASHNEXT_BENCH_NO_SWEEP=1 skips the tile sweeps (they compile every candidate on the device);
+    // FLASHNEXT_BENCH_SWEEP=NAME runs only those whose stage and format contain NAME (`InProj
+    // nvfp4`, `whole layer`, ...).
     if std::env::var_os("FLASHNEXT_BENCH_NO_SWEEP").is_some() {
         return;
+    }
+    let what = if stages.len() == 1 { format!("{:?}", stages[0]) } else { "whole layer".to_owned() };
+    if let Ok(only) = std::env::var("FLASHNEXT_BENCH_SWEEP") {
+        if !format!("{what} {}", if nvfp4 { "nvfp4" } else { "bf16" }).contains(&only) {
+            return;
+        }
     }
     for (label, tiles) in variants {
         if tiles.check(SHAPE, nvfp4).is_err() {
@@ -486,7 +494,6 @@ fn sweep(
         }
         let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };
         let g = capture(gpu, launches, &k, stages);
-        let what = if stages.len() == 1 { format!("{:?}", stages[0]) } else { "whole layer".to_owned() };
         report(
             &Line {
                 bench: "gdn-sweep",
