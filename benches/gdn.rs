@@ -483,10 +483,11 @@ fn sweep(
         return;
     }
     let what = if stages.len() == 1 { format!("{:?}", stages[0]) } else { "whole layer".to_owned() };
-    if let Ok(only) = std::env::var("FLASHNEXT_BENCH_SWEEP") {
-        if !format!("{what} {}", if nvfp4 { "nvfp4" } else { "bf16" }).contains(&only) {
-            return;
-        }
+    let format = if nvfp4 { "nvfp4" } else { "bf16" };
+    if let Ok(only) = std::env::var("FLASHNEXT_BENCH_SWEEP")
+        && !format!("{what} {format}").contains(&only)
+    {
+        return;
     }
     for (label, tiles) in variants {
         if tiles.check(SHAPE, nvfp4).is_err() {
