@@ -132,8 +132,9 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
         }
     }
     const float lift = e2m1_raw_lift();
-    const float global_down = scale2[0u] * (e2m1_raw_gap() / lift);
-    const float global_inject = scale2[1u] * (e2m1_raw_gap() / lift);
+    const float drop = e2m1_raw_gap() / lift;
+    const float global_down = scale2[0u] * drop;
+    const float global_inject = scale2[1u] * drop;
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[10];
     #pragma unroll

@@ -110,7 +110,8 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     const bool active = j < d;
     float norm_w = 0.0f;
     const float lift = e2m1_raw_lift();
-    const float global = scale2[2u] * (e2m1_raw_gap() / lift);
+    const float drop = e2m1_raw_gap() / lift;
+    const float global = scale2[2u] * drop;
     const uint2 __fill_wbuf = make_uint2(0u, 0u);
     uint2 wbuf[5];
     #pragma unroll

@@ -416,8 +416,9 @@ pub fn mix_down_nvfp4(
     // product stays a normal f32, and the global scales carry the rest (2^62): powers of two, so
     // the sums round as the exact decode's.
     let lift = e2m1_raw_lift();
-    let global_down = scale2[0] * (e2m1_raw_gap() / lift);
-    let global_inject = scale2[1] * (e2m1_raw_gap() / lift);
+    let drop = e2m1_raw_gap() / lift;
+    let global_down = scale2[0] * drop;
+    let global_inject = scale2[1] * drop;
     let mut wbuf = [u32x2(0, 0); ROWS * CHUNKS];
     // The block scales' raw e4m3 bytes, decoded after the wait: a decode here would hold each
     // chunk's loads until the previous chunk's scale arrived.
@@ -604,7 +605,8 @@ pub fn mix_up_nvfp4(
     // Raw decode, as in mix_down_nvfp4: u is stored lifted and the global scale carries the
     // rest of the gap.
     let lift = e2m1_raw_lift();
-    let global = scale2[2] * (e2m1_raw_gap() / lift);
+    let drop = e2m1_raw_gap() / lift;
+    let global = scale2[2] * drop;
     let mut wbuf = [u32x2(0, 0); CHUNKS];
     let mut sbuf = [0.0; CHUNKS];
     if active {
