@@ -78,7 +78,6 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     const unsigned inject,
     const bool post)
 {
-    launch_dependents();
     const unsigned group = (blockIdx.x * 10u + (threadIdx.x >> 5)) * 8u + (threadIdx.x & 31u) / 4u;
     const unsigned lane = (threadIdx.x & 31u) % 4u;
     const unsigned j = group / n;
@@ -101,6 +100,7 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
         }
     }
     grid_dependency_wait();
+    launch_dependents();
     float stream_value = 0.0f;
     float norm_scale = 0.0f;
     if (active) {

@@ -101,7 +101,6 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     const unsigned inject,
     const bool post)
 {
-    launch_dependents();
     const unsigned group = (blockIdx.x * 10u + (threadIdx.x >> 5)) * 8u + (threadIdx.x & 31u) / 4u;
     const unsigned lane = (threadIdx.x & 31u) % 4u;
     const unsigned j = group / n;
@@ -130,6 +129,7 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
         }
     }
     grid_dependency_wait();
+    launch_dependents();
     float stream_value = 0.0f;
     float norm_scale = 0.0f;
     if (active) {

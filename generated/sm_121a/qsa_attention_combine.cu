@@ -52,15 +52,24 @@ __device__ __forceinline__ float warp_max(float v) {
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(512) qsa_attention_combine(
-    const float* __restrict__ partial_acc,
-    const float* __restrict__ partial_ml,
-    const float* __restrict__ gate,
-    bf16* __restrict__ o,
+    const float* partial_acc,
+    const float* partial_ml,
+    const float* gate,
+    bf16* o,
     const unsigned q_heads,
     const unsigned head_dim,
     const unsigned splits)
 {
+    grid_dependency_wait();
+    launch_dependents();
     const unsigned head = blockIdx.x;
     const unsigned way = threadIdx.x / 32u;
     const unsigned t = threadIdx.x % 32u;

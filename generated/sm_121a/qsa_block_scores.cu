@@ -15,17 +15,26 @@
 // product per head in registers (heads ≤ 8, the loop over them unrolled). The partials are
 // summed over the LANES lanes with xor shuffles in a fixed order: deterministic.
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
-    const float* __restrict__ index_q,
-    const float* __restrict__ block_keys,
-    const unsigned* __restrict__ position,
-    float* __restrict__ scores,
-    unsigned* __restrict__ n_blocks,
+    const float* index_q,
+    const float* block_keys,
+    const unsigned* position,
+    float* scores,
+    unsigned* n_blocks,
     const unsigned heads,
     const unsigned dim,
     const unsigned block_tokens,
     const unsigned capacity)
 {
+    grid_dependency_wait();
+    launch_dependents();
     __shared__ __align__(16) float q[1024];
     const unsigned n = min((position[0u] + 1u) / block_tokens, capacity);
     if (blockIdx.x == 0u && threadIdx.x == 0u) {

@@ -21,14 +21,23 @@
 // above T, and the first `r` keys equal to T (the lower indices win the ties). The output is
 // thus in ascending block order, and every step is deterministic.
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
-    const float* __restrict__ scores,
-    const unsigned* __restrict__ n_blocks,
-    unsigned* __restrict__ selected,
-    unsigned* __restrict__ count,
+    const float* scores,
+    const unsigned* n_blocks,
+    unsigned* selected,
+    unsigned* count,
     const unsigned capacity,
     const unsigned top)
 {
+    grid_dependency_wait();
+    launch_dependents();
     __shared__ __align__(16) unsigned hist[2048];
     __shared__ __align__(16) unsigned warp_totals[16];
     __shared__ __align__(16) unsigned found[3];

@@ -123,20 +123,28 @@ __device__ __forceinline__ uint2 ld_stream_u32x2(const void* p) {
     return r;
 }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
-    const fp4x2_e2m1* __restrict__ packed,
-    const fp8_e4m3* __restrict__ scales,
-    const float* __restrict__ scale2,
-    const bf16* __restrict__ x,
-    bf16* __restrict__ y,
-    float* __restrict__ partial,
-    unsigned* __restrict__ counters,
+    const fp4x2_e2m1* packed,
+    const fp8_e4m3* scales,
+    const float* scale2,
+    const bf16* x,
+    bf16* y,
+    float* partial,
+    unsigned* counters,
     const unsigned rows,
     const unsigned cols,
     const unsigned seg1,
     const unsigned seg2,
     const unsigned seg3)
 {
+    grid_dependency_wait();
     const unsigned split = blockIdx.y;
     const unsigned k_len = cols;
     const unsigned k_begin = split * k_len;

@@ -120,7 +120,6 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
     const bool post,
     const float eps)
 {
-    launch_dependents();
     const unsigned stream = blockIdx.y;
     const unsigned rows = rank + inject;
     const unsigned cols = n * d;
@@ -183,6 +182,7 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
         }
     }
     grid_dependency_wait();
+    launch_dependents();
     const float omega = post ? gains_prev[stream] : 0.0f;
     const uint4 __fill_xbuf = make_uint4(0u, 0u, 0u, 0u);
     uint4 xbuf[2];

@@ -62,15 +62,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) qsa_attention(
-    const float* __restrict__ q,
-    const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache,
-    const unsigned* __restrict__ selected,
-    const unsigned* __restrict__ count,
-    const unsigned* __restrict__ position,
-    float* __restrict__ partial_acc,
-    float* __restrict__ partial_ml,
+    const float* q,
+    const bf16* k_cache,
+    const bf16* v_cache,
+    const unsigned* selected,
+    const unsigned* count,
+    const unsigned* position,
+    float* partial_acc,
+    float* partial_ml,
     const unsigned q_heads,
     const unsigned kv_heads,
     const unsigned head_dim,
@@ -78,6 +85,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned top,
     const float scale)
 {
+    grid_dependency_wait();
+    launch_dependents();
     __shared__ __align__(16) float qs[4096];
     __shared__ __align__(16) float p[256];
     __shared__ __align__(16) unsigned rows[16];

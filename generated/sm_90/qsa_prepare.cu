@@ -59,21 +59,28 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(t);
 }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
-    const bf16* __restrict__ proj,
-    const bf16* __restrict__ q_norm,
-    const bf16* __restrict__ k_norm,
-    const bf16* __restrict__ index_q_norm,
-    const bf16* __restrict__ index_k_norm,
-    const float* __restrict__ rope,
-    const unsigned* __restrict__ position,
-    float* __restrict__ q,
-    float* __restrict__ gate,
-    bf16* __restrict__ k_cache,
-    bf16* __restrict__ v_cache,
-    float* __restrict__ index_q,
-    float* __restrict__ index_keys,
-    float* __restrict__ block_keys,
+    const bf16* proj,
+    const bf16* q_norm,
+    const bf16* k_norm,
+    const bf16* index_q_norm,
+    const bf16* index_k_norm,
+    const float* rope,
+    const unsigned* position,
+    float* q,
+    float* gate,
+    bf16* k_cache,
+    bf16* v_cache,
+    float* index_q,
+    float* index_keys,
+    float* block_keys,
     const unsigned q_heads,
     const unsigned kv_heads,
     const unsigned head_dim,
@@ -83,6 +90,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
     const unsigned block_tokens,
     const float eps)
 {
+    grid_dependency_wait();
+    launch_dependents();
     __shared__ __align__(16) float buf[256];
     __shared__ __align__(16) float scratch[4];
     const unsigned threads = 128u;

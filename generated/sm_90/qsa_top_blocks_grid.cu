@@ -56,17 +56,26 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
+// Programmatic dependent launch: wait until the grids this one overlaps have finished and
+// their writes are visible; let the next grid start (its blocks wait in turn).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Overlaps its predecessor: no pointer is __restrict__, so that no load of the predecessor's
+// output is treated as invariant and moved above grid_dependency_wait().
 // Launched cooperatively (#[kernel(cooperative)]): its blocks wait for each other at grid
 // barriers, so the driver makes every block resident at once or refuses the launch.
 extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
-    const float* __restrict__ scores,
-    const unsigned* __restrict__ n_blocks,
-    unsigned* __restrict__ selected,
-    unsigned* __restrict__ count,
-    unsigned* __restrict__ scratch,
+    const float* scores,
+    const unsigned* n_blocks,
+    unsigned* selected,
+    unsigned* count,
+    unsigned* scratch,
     const unsigned capacity,
     const unsigned top)
 {
+    grid_dependency_wait();
+    launch_dependents();
     __shared__ __align__(16) unsigned hist[2048];
     __shared__ __align__(16) unsigned warp_totals[8];
     __shared__ __align__(16) unsigned found[3];

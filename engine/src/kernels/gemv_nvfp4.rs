@@ -68,6 +68,11 @@ pub fn gemv_nvfp4(
     seg2: u32,
     seg3: u32,
 ) {
+    // Launched as soon as its predecessor lets it (programmatic dependent launch), with nothing
+    // before the wait. It does not let its own successor (a mix site's down-projection) launch
+    // early: that successor's blocks would load their weights while this grid streams its own,
+    // and the H200 step was 9% slower so (2026-12-01, BENCHMARKS.md step section).
+    grid_dependency_wait();
     let split = block_idx_y();
     let k_len = cols / K_SPLIT;
     let k_begin = split * k_len;

@@ -11,7 +11,9 @@
 //! Both pairs are built for overlapped launches: each kernel loads all of its weights into
 //! registers before its grid dependency wait, while its predecessor still runs, and after the wait
 //! does only the math that depends on it; launch 2 adds launch 1's per-stream partials itself
-//! (every block needs all of u anyway), so no counter and no last block sit in the chain.
+//! (every block needs all of u anyway), so no counter and no last block sit in the chain. Each
+//! lets its successor launch only once its own wait is over, so at most one kernel ahead of the
+//! running one is loading weights.
 //!
 //! The residual streams are bf16, as the reference model stores them: the write is
 //! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
@@ -61,8 +63,6 @@ pub fn mix_down_bf16(
     post: bool,
     eps: f32,
 ) {
-    // The next kernel may start as soon as every block of this one runs: it waits in turn.
-    launch_dependents();
     let stream = block_idx_y();
     let rows = rank + inject;
     let cols = n * d;
@@ -106,6 +106,10 @@ pub fn mix_down_bf16(
         }
     }
     grid_dependency_wait();
+    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
+    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
+    // after, then start their weight loads and take SM room while the predecessor still runs.
+    launch_dependents();
 
     // The stream through the previous block's write: every load first, then X' ⊙ (1 + w) into
     // shared memory and Σ X'².
@@ -241,8 +245,6 @@ pub fn mix_up_bf16(
     inject: u32,
     post: bool,
 ) {
-    // The next kernel may start as soon as every block of this one runs: it waits in turn.
-    launch_dependents();
     let group = (block_idx() * WARPS + warp_id()) * (32 / LANES) + lane_id() / LANES;
     let lane = lane_id() % LANES;
     let j = group / n;
@@ -264,6 +266,10 @@ pub fn mix_up_bf16(
         }
     }
     grid_dependency_wait();
+    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
+    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
+    // after, then start their weight loads and take SM room while the predecessor still runs.
+    launch_dependents();
 
     // The epilogue's inputs, from L2, in flight with the partials.
     let mut stream_value = 0.0;
@@ -392,8 +398,6 @@ pub fn mix_down_nvfp4(
     post: bool,
     eps: f32,
 ) {
-    // The next kernel may start as soon as every block of this one runs: it waits in turn.
-    launch_dependents();
     let stream = block_idx_y();
     let rows = rank + inject;
     let cols = n * d;
@@ -453,6 +457,10 @@ pub fn mix_down_nvfp4(
         }
     }
     grid_dependency_wait();
+    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
+    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
+    // after, then start their weight loads and take SM room while the predecessor still runs.
+    launch_dependents();
 
     // The stream through the previous block's write, as in the bf16 kernel.
     let omega = if post { gains_prev[stream] } else { 0.0 };
@@ -590,8 +598,6 @@ pub fn mix_up_nvfp4(
     inject: u32,
     post: bool,
 ) {
-    // The next kernel may start as soon as every block of this one runs: it waits in turn.
-    launch_dependents();
     let group = (block_idx() * WARPS + warp_id()) * (32 / LANES) + lane_id() / LANES;
     let lane = lane_id() % LANES;
     let j = group / n;
@@ -622,6 +628,10 @@ pub fn mix_up_nvfp4(
         }
     }
     grid_dependency_wait();
+    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
+    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
+    // after, then start their weight loads and take SM room while the predecessor still runs.
+    launch_dependents();
 
     let mut stream_value = 0.0;
     let mut norm_scale = 0.0;

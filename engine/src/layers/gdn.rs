@@ -378,7 +378,6 @@ impl Default for GdnTiles {
         GdnTiles {
             in_proj: TileSet::DEFAULT,
             in_proj_nvfp4: TileSet::DEFAULT,
-            // The faster layer on the H200 (module docs).
             // The fastest layer on the H200 (module docs).
             norm_at: NormAt::DeltaRuleBlock,
             delta_rule: TileSet::DEFAULT,

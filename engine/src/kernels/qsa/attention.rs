@@ -67,6 +67,10 @@ pub fn qsa_attention(
     top: u32,
     scale: f32,
 ) {
+    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
+    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    grid_dependency_wait();
+    launch_dependents();
     let qs = shared::<f32, { 16 * 64 * WARPS }>();
     let p = shared::<f32, { 16 * CHUNK }>();
     let rows = shared::<u32, CHUNK>();

@@ -39,6 +39,10 @@ pub fn qsa_block_scores(
     block_tokens: u32,
     capacity: u32,
 ) {
+    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
+    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    grid_dependency_wait();
+    launch_dependents();
     let q = shared::<f32, 1024>();
     let n = min((position[0] + 1) / block_tokens, capacity);
     if block_idx() == 0 && thread_idx() == 0 {

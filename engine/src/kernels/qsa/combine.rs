@@ -42,6 +42,10 @@ pub fn qsa_attention_combine(
     head_dim: u32,
     splits: u32,
 ) {
+    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
+    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    grid_dependency_wait();
+    launch_dependents();
     let head = block_idx();
     let way = thread_idx() / THREADS;
     let t = thread_idx() % THREADS;

@@ -63,6 +63,10 @@ pub fn qsa_prepare(
     block_tokens: u32,
     eps: f32,
 ) {
+    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
+    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    grid_dependency_wait();
+    launch_dependents();
     let buf = shared::<f32, 256>();
     let scratch = shared::<f32, WARPS>();
     let threads = 32 * WARPS;

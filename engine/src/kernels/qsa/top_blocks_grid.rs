@@ -77,6 +77,10 @@ pub fn qsa_top_blocks_grid(
     capacity: u32,
     top: u32,
 ) {
+    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
+    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    grid_dependency_wait();
+    launch_dependents();
     // Bins per pass (2^11): this block's counts, then a copy of the global histogram.
     let hist = shared::<u32, 2048>();
     let warp_totals = shared::<u32, { THREADS / 32 }>();
