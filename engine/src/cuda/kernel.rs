@@ -98,7 +98,13 @@ impl<K: KernelDef> LoadedKernel<K> {
     /// Enqueues the kernel on the GPU's stream. A kernel that calls `grid_dependency_wait()` is
     /// launched to overlap its predecessor (programmatic stream serialisation) while the GPU's
     /// overlap switch is on: its blocks may start as soon as every block of the previous kernel
-    /// has called `launch_dependents()` or exited, and run up to the wait meanwhile. A kernel
+    /// has called `launch_dependents()` or exited, and run up to the wait meanwhile. Where a kernel
+    /// calls `launch_dependents()` decides how many grids are resident at once, and so what the
+    /// early ones take from the running one (SM room, and DRAM time for their pre-wait loads).
+    /// On the H200 (BENCHMARKS.md, step section, session 24) both mix kernels triggering at their
+    /// top made the step 1.6% slower than triggering after their wait, and `gemv_nvfp4`
+    /// triggering after its wait 9% slower than not at all: the step's kernels trigger after
+    /// their wait or, where measured better, at their exit. A kernel
     /// declared `#[kernel(..., cooperative)]` is launched cooperatively (`LaunchDims::cooperative`):
     /// the driver makes all its blocks resident at once or fails the launch
     /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`), so its grid barriers cannot wait for a block
