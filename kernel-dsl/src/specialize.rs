@@ -50,6 +50,25 @@ impl Kernel {
         }
         found
     }
+
+    /// Whether the specialised body lets its successor launch (`launch_dependents()`) before its
+    /// own `grid_dependency_wait()`, in the order the statements are written, or without ever
+    /// waiting. Correct either way; it decides how many grids are resident at once, and the
+    /// early ones take SM room and DRAM time from the running one (the step's rule, measured on
+    /// the H200: `engine::cuda::Kernel::launch`).
+    pub fn triggers_before_its_wait(&self) -> bool {
+        use crate::intrinsic::Intrinsic as I;
+        use crate::ir::ExprKind::Call;
+        let (mut waited, mut early) = (false, false);
+        for stmt in &self.body {
+            stmt.visit_exprs(&mut |e| match e.kind {
+                Call(I::GridDependencyWait, _) => waited = true,
+                Call(I::LaunchDependents, _) => early |= !waited,
+                _ => {}
+            });
+        }
+        early
+    }
 }
 
 /// Why a template could not be specialised with the given values.
