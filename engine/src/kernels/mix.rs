@@ -13,7 +13,10 @@
 //! does only the math that depends on it; launch 2 adds launch 1's per-stream partials itself
 //! (every block needs all of u anyway), so no counter and no last block sit in the chain. Each
 //! lets its successor launch only once its own wait is over, so at most one kernel ahead of the
-//! running one is loading weights.
+//! running one is loading weights: with both triggers at the kernels' top, the next kernel and,
+//! through it, the one after started their weight loads and took SM room while the site's
+//! predecessor still ran, and the H200 step was 1.6% slower (2026-12-01, BENCHMARKS.md step
+//! section).
 //!
 //! The residual streams are bf16, as the reference model stores them: the write is
 //! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
@@ -106,9 +109,7 @@ pub fn mix_down_bf16(
         }
     }
     grid_dependency_wait();
-    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
-    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
-    // after, then start their weight loads and take SM room while the predecessor still runs.
+    // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
     // The stream through the previous block's write: every load first, then X' ⊙ (1 + w) into
@@ -266,9 +267,7 @@ pub fn mix_up_bf16(
         }
     }
     grid_dependency_wait();
-    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
-    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
-    // after, then start their weight loads and take SM room while the predecessor still runs.
+    // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
     // The epilogue's inputs, from L2, in flight with the partials.
@@ -457,9 +456,7 @@ pub fn mix_down_nvfp4(
         }
     }
     grid_dependency_wait();
-    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
-    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
-    // after, then start their weight loads and take SM room while the predecessor still runs.
+    // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
     // The stream through the previous block's write, as in the bf16 kernel.
@@ -628,9 +625,7 @@ pub fn mix_up_nvfp4(
         }
     }
     grid_dependency_wait();
-    // Only now may the next kernel launch. Let in at the top, as before, the H200 step was 1.6%
-    // slower (2026-12-01, BENCHMARKS.md step section): the next kernel, and through it the one
-    // after, then start their weight loads and take SM room while the predecessor still runs.
+    // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
     let mut stream_value = 0.0;
