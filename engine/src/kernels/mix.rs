@@ -414,10 +414,8 @@ pub fn mix_down_nvfp4(
             nbuf[t] = load_vec::<u32x4>(norm, base + i);
         }
     }
-    // The products decode raw (`e2m1x4_to_f32x4_raw`: no multiply a value), short by the gap
-    // (2^126 on sm_90): h is staged lifted (by 2^64 there, through `1 + w`), so that every
-    // product stays a normal f32, and the global scales carry the rest (2^62): powers of two, so
-    // the sums round as the exact decode's.
+    // Raw decode, as in `gdn_in_proj_nvfp4` (the reason is there): h is staged lifted, through
+    // `1 + w`, and the global scales carry the rest of the gap.
     let lift = e2m1_raw_lift();
     let drop = e2m1_raw_gap() / lift;
     let global_down = scale2[0] * drop;
