@@ -21,6 +21,8 @@
 //! the plan's default tiles and at the device's tuned table (`StepPlan::for_device`), and a last
 //! line compares their ms/token (`FLASHNEXT_STEP_VARIANTS=all`: both variants, twice each).
 //!
+//! A filter argument names the one variant to run (`step --bench nvfp4`: the NVFP4 step only).
+//!
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
 //! target/).
 
@@ -37,7 +39,7 @@ const CONTEXTS: [usize; 2] = [1024, 32_768];
 const SAMPLES: usize = 50;
 
 fn main() {
-    // criterion's harness flags (`--bench`, a filter) are accepted and ignored.
+    // criterion's harness flags (`--bench`) are accepted and ignored; a filter picks a variant.
     let gpu = flashnext::gpu::open();
     let cfg = ModelConfig::published();
     let compare = std::env::var_os("FLASHNEXT_TUNED").is_some() || std::env::args().any(|a| a == "--tuned");
@@ -51,6 +53,12 @@ fn main() {
     ];
     if compare && std::env::var("FLASHNEXT_STEP_VARIANTS").as_deref() != Ok("all") {
         variants.truncate(1);
+    }
+    // A filter argument (criterion's place for it) names one variant exactly: `step --bench
+    // nvfp4` times the NVFP4 step alone.
+    if let Some(only) = std::env::args().skip(1).find(|a| !a.starts_with('-')) {
+        variants.retain(|(name, _)| *name == only);
+        assert!(!variants.is_empty(), "no step variant is named {only:?}");
     }
     let tile_sets: &[&str] = if compare { &["default tiles", "tuned tiles"] } else { &["default tiles"] };
     let mut rec = Recorder::new(&gpu, "step", None);
