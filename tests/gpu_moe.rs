@@ -1,7 +1,8 @@
 //! The MoE block on a GPU (router, gate+up, down: three launches) against the CPU reference, with
 //! NVFP4 and bf16 experts, at the published shape and a tiny one: router ids identical, the
-//! routing weights and the intermediate activations close, the bf16 output within 1e-2 relative
-//! L2, a second pass bit-identical. Fresh random inputs each run; outputs poisoned first.
+//! routing weights, the shared expert's gate and the intermediate activations close, the bf16
+//! output within 1e-2 relative L2, a second pass bit-identical. Fresh random inputs each run;
+//! outputs (the route among them) poisoned first.
 
 use engine::cuda::Gpu;
 use engine::layers::moe::{
@@ -66,6 +67,12 @@ impl Block {
         self
     }
 
+    /// σ(shared_gate·x): the shared expert's weight.
+    fn shared_weight(&self) -> f32 {
+        let x = to_f32(&self.x);
+        reference::norm::sigmoid(to_f32(&self.shared_gate).iter().zip(&x).map(|(a, b)| a * b).sum())
+    }
+
     fn route(&self) -> Vec<(usize, f32)> {
         let router = Linear { rows: self.shape.experts, cols: self.shape.hidden, w: to_f32(&self.router), bias: None };
         reference::moe::route(&to_f32(&self.x), &router, self.shape.top_k, self.shape.renormalise)
@@ -90,7 +97,7 @@ impl Block {
             w.down.apply(&h).iter().zip(y.iter_mut()).for_each(|(v, acc)| *acc += weight * v);
             hs.push(h);
         }
-        let sg = reference::norm::sigmoid(to_f32(&self.shared_gate).iter().zip(&x).map(|(a, b)| a * b).sum());
+        let sg = self.shared_weight();
         let h = h_of(shared);
         shared.down.apply(&h).iter().zip(y.iter_mut()).for_each(|(v, acc)| *acc += sg * v);
         hs.push(h);
@@ -120,6 +127,8 @@ fn run(
         gpu.fill_bytes(&mut s.h_bf16, 0xff).expect("poison");
         gpu.fill_bytes(&mut s.h_staged, 0xff).expect("poison");
         gpu.fill_bytes(&mut s.x_staged, 0xff).expect("poison");
+        gpu.fill_bytes(&mut s.ids, 0xff).expect("poison");
+        gpu.fill_bytes(&mut s.weights, 0xff).expect("poison");
         // SAFETY: x and y hold `hidden` elements; they are not part of the weights or scratch.
         unsafe { enqueue(gpu, k, w, &mut s, dx.ptr(), dy.ptr_mut()) }.expect("enqueue");
         outputs.push(to_f32(&gpu.download(&dy).expect("y")));
@@ -146,6 +155,8 @@ fn check(
     for (k, &(_, w)) in route.iter().enumerate() {
         assert!((weights[k] - w).abs() <= 1e-5 + 1e-4 * w.abs(), "{label}: routing weight {k}: {} vs {w}", weights[k]);
     }
+    let (sg, got_sg) = (b.shared_weight(), weights[route.len()]);
+    assert!((got_sg - sg).abs() <= 1e-5 + 1e-4 * sg.abs(), "{label}: shared expert's gate: {got_sg} vs {sg}");
     let stride = b.shape.h_stride();
     for (slot, want) in ref_h.iter().enumerate() {
         let e = rel_l2(&h[slot * stride..slot * stride + want.len()], want);
