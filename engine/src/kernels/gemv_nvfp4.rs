@@ -71,7 +71,8 @@ pub fn gemv_nvfp4(
     // Launched as soon as its predecessor lets it (programmatic dependent launch), with nothing
     // before the wait. It does not let its own successor (a mix site's down-projection) launch
     // early: that successor's blocks would load their weights while this grid streams its own,
-    // and the H200 step was 9% slower so (2026-12-01, BENCHMARKS.md step section).
+    // and the H200 step was 9% slower so (2026-12-01, BENCHMARKS.md step section); 5.4% slower
+    // with the trigger after the products, where only the split-K tail is left to overlap.
     grid_dependency_wait();
     let split = block_idx_y();
     let k_len = cols / K_SPLIT;
