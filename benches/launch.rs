@@ -19,7 +19,8 @@
 //! Each at grids of one block, one block an SM and four blocks an SM (128 threads a block). The
 //! time per launch is a replay's time over CHAIN; median, p10 and p90 over REPLAYS replays. After
 //! the timing the words are checked: each launch adds one, so after a replay from zero every word
-//! must be CHAIN (a chain that dropped or reordered a launch fails). Records go to
+//! must be CHAIN (a chain that dropped or reordered a launch fails), and the last-block case's
+//! counter must be back at zero (each launch's last block puts it back). Records go to
 //! $OUT/bench-launch.jsonl (or target/).
 
 use std::time::Duration;
@@ -186,6 +187,8 @@ fn bench_launch(c: &mut Criterion) {
                 })
             });
         }
+        let left = gpu.download(&counter).expect("counter")[0];
+        assert_eq!(left, 0, "{blocks} blocks: the last-block case left its counter at {left}");
     }
     group.finish();
 }
