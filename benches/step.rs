@@ -23,6 +23,13 @@
 //!
 //! A filter argument names the one variant to run (`step --bench nvfp4`: the NVFP4 step only).
 //!
+//! With `FLASHNEXT_TRACE=1` every kernel is the traced build (`engine::cuda::trace`), and after
+//! each context's timing one more token's replay is laid out as a timeline: per kernel, the
+//! launches, what they added to the replay's span, the hand-off (predecessor's end to the wait's
+//! return) and the work after the wait; every launch's stamps go to
+//! $OUT/step-trace-<variant>-<context>.jsonl. The timed lines of such a run are the traced
+//! build's (the stamps' cost is their difference from a plain run).
+//!
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
 //! target/).
 
@@ -131,6 +138,9 @@ fn main() {
                 let what = Sample::new("step", format!("{name}, context {context}"), Unit::Token, (med, p10, p90));
                 let notes = format!("wall per Engine::step {:.3} ms, 1 host wait per token", wall_med * 1e3);
                 rec.record_quietly(what.bytes(bytes as usize).launches(e.launches_per_token()).notes(notes));
+                if e.gpu().traced() {
+                    trace_one_token(&mut e, position, &format!("{variant}-{context}"));
+                }
             }
             let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
             println!(
@@ -159,4 +169,61 @@ fn main() {
             );
         }
     }
+}
+
+/// One token's replay at `position`, traced: the timeline by kernel to stdout, each launch's
+/// stamps to $OUT/step-trace-<tag>.jsonl (or target/).
+fn trace_one_token(e: &mut Engine, position: usize, tag: &str) {
+    use engine::cuda::trace::Timeline;
+    e.seek(position).expect("seek");
+    e.gpu().trace_reset().expect("trace reset");
+    e.step(3).expect("step");
+    let launches = e.gpu().trace_read().expect("trace read");
+    let t = Timeline::of(&launches);
+    println!(
+        "  trace at position {position}: {} launches, span {:.3} ms (first start to last end)",
+        launches.len(),
+        t.span / 1e6
+    );
+    println!(
+        "  {:<28} {:>8} {:>12} {:>7} {:>14} {:>14} {:>14}",
+        "kernel", "launches", "advance ms", "share", "hand-off us", "after wait us", "advance us"
+    );
+    for k in t.by_kernel() {
+        let per = |v: f64, n: usize| if n == 0 { f64::NAN } else { v / n as f64 / 1e3 };
+        println!(
+            "  {:<28} {:>8} {:>12.3} {:>6.1}% {:>14.2} {:>14.2} {:>14.2}",
+            k.kernel,
+            k.launches,
+            k.advance / 1e6,
+            100.0 * k.advance / t.span,
+            per(k.handoff, k.waits),
+            per(k.after_wait, k.launches),
+            per(k.advance, k.launches)
+        );
+    }
+    let dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let first = launches.first().map_or(0, |l| l.first_start);
+    let mut out = String::new();
+    for (l, s) in launches.iter().zip(&t.steps) {
+        let rel = |v: u64| v as i64 - first as i64;
+        out.push_str(
+            &serde_json::json!({
+                "slot": l.slot,
+                "kernel": l.kernel,
+                "first_start_ns": rel(l.first_start),
+                "last_start_ns": rel(l.last_start),
+                "first_wait_ns": l.first_wait.map(rel),
+                "last_end_ns": rel(l.last_end),
+                "advance_ns": s.advance,
+                "handoff_ns": s.handoff,
+                "after_wait_ns": s.after_wait,
+                "lead_ns": s.lead,
+            })
+            .to_string(),
+        );
+        out.push('\n');
+    }
+    let path = dir.join(format!("step-trace-{}.jsonl", tag.replace([' ', ',', '/'], "_")));
+    std::fs::write(&path, out).unwrap_or_else(|err| panic!("writing {}: {err}", path.display()));
 }

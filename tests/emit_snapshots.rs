@@ -13,6 +13,12 @@ fn cuda<K: KernelDef>(tiles: &K::Tiles, arch: Arch) -> String {
     emit::cuda(&K::specialize(tiles, arch).expect("the example kernel specialises"))
 }
 
+/// The traced build of kernel `K` (`emit::trace`, what a GPU opened with `FLASHNEXT_TRACE=1`
+/// loads).
+fn traced<K: KernelDef>(tiles: &K::Tiles, arch: Arch) -> String {
+    emit::trace::cuda_traced(&K::specialize(tiles, arch).expect("the example kernel specialises"))
+}
+
 /// The part of an emitted file after the prelude: the `__global__` function itself.
 fn body(src: &str) -> &str {
     let at = src.find("extern \"C\" __global__").expect("a kernel entry point");
@@ -569,6 +575,7 @@ fn all_sources() -> Vec<(&'static str, String)> {
         ("raw_asm", cuda::<raw_asm::Kernel>(&raw_asm::Tiles {}, Arch::Sm90)),
         ("long_lines", cuda::<long_lines::Kernel>(&long_lines::Tiles {}, Arch::Sm90)),
         ("overlap", cuda::<overlap::Kernel>(&overlap::Tiles {}, Arch::Sm90)),
+        ("overlap_traced", traced::<overlap::Kernel>(&overlap::Tiles {}, Arch::Sm90)),
         ("early_batch", cuda::<early_batch::Kernel>(&early_batch::Tiles::DEFAULT, Arch::Sm90)),
         ("grid_barrier", cuda::<grid_barrier::Kernel>(&grid_barrier::Tiles { blocks: 64 }, Arch::Sm90)),
     ]
@@ -611,6 +618,7 @@ snapshot_tests! {
     raw_asm => "raw_asm",
     long_lines => "long_lines",
     overlap => "overlap",
+    overlap_traced => "overlap_traced",
     early_batch => "early_batch",
     grid_barrier => "grid_barrier",
 }
@@ -619,7 +627,7 @@ snapshot_tests! {
 fn every_example_has_a_snapshot_test() {
     // The list above and all_sources() name the same examples.
     let names: Vec<&str> = all_sources().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names.len(), 21);
+    assert_eq!(names.len(), 22);
     let mut sorted = names.clone();
     sorted.sort_unstable();
     sorted.dedup();
@@ -689,6 +697,37 @@ fn min_blocks_becomes_the_second_launch_bound_and_bounds_the_tiles() {
 #[kernel(block = 256, grid = n, min_blocks = MIN_BLOCKS)]
 fn overlap_bound(#[tile(default = 6, candidates = [6, 12])] MIN_BLOCKS: u32, y: &mut [f32], n: u32) {
     y[block_idx()] = 1.0;
+}
+
+#[test]
+fn the_traced_build_runs_the_plain_body_between_its_stamps() {
+    let plain = source("overlap");
+    let traced = source("overlap_traced");
+    // The plain entry point's statements, verbatim, are the traced body function's.
+    let statements = |src: &str, from: &str| {
+        let at = src.find(from).expect("the function");
+        let open = at + src[at..].find("\n{\n").expect("its body") + 3;
+        let close = open + src[open..].find("\n}\n").expect("its end");
+        src[open..close].to_string()
+    };
+    assert_eq!(
+        statements(&plain, "extern \"C\" __global__"),
+        statements(&traced, "static __device__ __forceinline__ void overlap_body(")
+    );
+    // The entry point stamps, calls the body with its own parameters, waits for the block and
+    // stamps again; the wait stamps its first return.
+    let entry = body(&traced);
+    assert!(entry.contains("unsigned long long* flashnext_trace)"));
+    let order = [
+        "atomicMin(flashnext_trace, t)",
+        "overlap_body(w, x, y, started, n);",
+        "__syncthreads();",
+        "atomicMax(flashnext_trace + 3",
+    ];
+    let at: Vec<usize> = order.iter().map(|s| entry.find(s).unwrap_or_else(|| panic!("{s} in the entry"))).collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "stamp, body, barrier, stamp: {at:?}");
+    assert!(traced.contains("atomicMin(trace_words() + 2, trace_now())"));
+    assert!(!plain.contains("trace_"), "the plain build has no stamp");
 }
 
 #[test]

@@ -118,3 +118,39 @@ fn a_compile_error_shows_the_log_and_the_offending_lines() {
     assert!(err.contains("broken") && err.contains("undefined_name"), "{err}");
     assert!(err.contains(">    3 |     y[0] = undefined_name + 1.0f;"), "the excerpt marks line 3:\n{err}");
 }
+
+/// The traced build of every kernel (`kernel_dsl::emit::trace`, what a GPU opened with
+/// `FLASHNEXT_TRACE=1` loads) compiles for every architecture at its default tiles, its entry
+/// point taking the trace words last, with at most 24 registers more than the plain build (the
+/// stamps must not change the code they time much; the most is 8 on sm_90, and 17 on sm_121a,
+/// `ple_gate_conv`'s) and no spill the plain build does not have.
+#[test]
+fn every_kernel_compiles_traced_with_about_the_plain_registers() {
+    nvrtc::load().unwrap_or_else(|e| panic!("{e}"));
+    let mut problems = Vec::new();
+    for kernel in engine::kernels::ALL {
+        for arch in Arch::ALL {
+            let spec = kernel.default_kernel(arch).unwrap_or_else(|e| panic!("{e}"));
+            let traced = kernel_dsl::emit::trace::cuda_traced(&spec);
+            let tail = format!("unsigned long long* {})", kernel_dsl::emit::trace::TRACE_PARAM);
+            if !traced.contains(&tail) {
+                problems.push(format!("{}: the entry point does not take the trace words last", spec.key));
+            }
+            let plain = nvrtc::compile(&kernel_dsl::emit::cuda(&spec), kernel.name(), arch);
+            match (nvrtc::compile(&traced, kernel.name(), arch), plain) {
+                (Ok(t), Ok(p)) => {
+                    let (t, p) = (t.resources, p.resources);
+                    if t.spills() && !p.spills() {
+                        problems.push(format!("{} spills traced", spec.key));
+                    }
+                    if t.registers > p.registers + 24 {
+                        problems.push(format!("{}: {} registers traced, {} plain", spec.key, t.registers, p.registers));
+                    }
+                }
+                (Err(e), _) => problems.push(format!("{} traced: {e}", spec.key)),
+                (_, Err(e)) => problems.push(format!("{}: {e}", spec.key)),
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

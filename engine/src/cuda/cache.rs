@@ -72,7 +72,13 @@ impl CompileCache {
 
     /// The cubin of `kernel` for its architecture: from memory, from disk, or compiled now.
     pub fn get(&self, kernel: &Kernel) -> Result<Arc<Cubin>> {
-        let source = kernel_dsl::emit::cuda(kernel);
+        self.get_built(kernel, false)
+    }
+
+    /// [`get`](Self::get), of the traced build when `traced` (`kernel_dsl::emit::trace`; its own
+    /// source, so its own entry).
+    pub fn get_built(&self, kernel: &Kernel, traced: bool) -> Result<Arc<Cubin>> {
+        let source = if traced { kernel_dsl::emit::trace::cuda_traced(kernel) } else { kernel_dsl::emit::cuda(kernel) };
         let arch: Arch = kernel.key.arch;
         let version = nvrtc::load()?;
         let options = nvrtc::options(arch).join(" ");

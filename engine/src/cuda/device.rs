@@ -16,6 +16,7 @@ use super::buffer::DeviceBuffer;
 use super::cache::{self, CompileCache};
 use super::host_mapped::MappedHostBuffer;
 use super::kernel::LoadedKernel;
+use super::trace::{Arena, LaunchStamps};
 use crate::error::{DriverContext, Error, Result};
 
 /// What the engine needs to know about the device.
@@ -42,6 +43,9 @@ pub struct Gpu {
     /// Whether kernels that wait on their grid dependency are launched to overlap their
     /// predecessor (programmatic dependent launch); on by default, off with `FLASHNEXT_NO_PDL=1`.
     overlap: std::sync::atomic::AtomicBool,
+    /// With `FLASHNEXT_TRACE=1`: every kernel is compiled traced and each launch stamps its own
+    /// words of this arena (`super::trace`).
+    trace: Option<Arena>,
 }
 
 /// Whether a CUDA driver is installed and sees at least one device; says why not otherwise.
@@ -64,7 +68,19 @@ impl Gpu {
         Gpu::open_with_cache(ordinal, CompileCache::new(cache::default_dir()))
     }
 
+    /// Opens device `ordinal`, tracing its launches when `FLASHNEXT_TRACE=1` ([`Gpu::traced`]).
     pub fn open_with_cache(ordinal: usize, cache: CompileCache) -> Result<Gpu> {
+        let traced = std::env::var_os("FLASHNEXT_TRACE").is_some_and(|v| !v.is_empty() && v != "0");
+        Gpu::open_with(ordinal, cache, traced)
+    }
+
+    /// Opens device `ordinal` with the default cache, every kernel compiled traced and every
+    /// launch stamping its own trace words (`super::trace`), whatever the environment says.
+    pub fn open_traced(ordinal: usize) -> Result<Gpu> {
+        Gpu::open_with(ordinal, CompileCache::new(cache::default_dir()), true)
+    }
+
+    fn open_with(ordinal: usize, cache: CompileCache, traced: bool) -> Result<Gpu> {
         let count = probe()?;
         if ordinal >= count as usize {
             return Err(Error::NoDevice(format!("device {ordinal} asked for, {count} present")));
@@ -87,14 +103,46 @@ impl Gpu {
         // The legacy default stream cannot be captured into a graph: a stream of our own.
         let stream = ctx.new_stream().during("creating the stream")?;
         let overlap = std::env::var_os("FLASHNEXT_NO_PDL").is_none_or(|v| v.is_empty() || v == "0");
-        Ok(Gpu {
+        let mut gpu = Gpu {
             ctx,
             stream,
             info,
             cache,
             modules: Mutex::new(HashMap::new()),
             overlap: std::sync::atomic::AtomicBool::new(overlap),
-        })
+            trace: None,
+        };
+        if traced {
+            gpu.trace = Some(Arena::new(&gpu)?);
+        }
+        Ok(gpu)
+    }
+
+    /// Whether this GPU compiles its kernels traced (`FLASHNEXT_TRACE=1` when it was opened):
+    /// each launch stamps its start, its wait's return and its end (`super::trace`).
+    pub fn traced(&self) -> bool {
+        self.trace.is_some()
+    }
+
+    /// Readies every traced launch's words for the launches that follow (an error on a GPU that
+    /// does not trace).
+    pub fn trace_reset(&self) -> Result<()> {
+        self.arena()?.reset(self)
+    }
+
+    /// Waits for the stream, then reads the stamps of the traced launches that ran since the last
+    /// [`trace_reset`](Self::trace_reset), in the order they were enqueued or captured.
+    pub fn trace_read(&self) -> Result<Vec<LaunchStamps>> {
+        self.arena()?.read(self)
+    }
+
+    /// The device address of a new launch's trace words, for `kernel`.
+    pub(crate) fn trace_slot(&self, kernel: &str) -> Result<u64> {
+        self.arena()?.take(kernel)
+    }
+
+    fn arena(&self) -> Result<&Arena> {
+        self.trace.as_ref().ok_or_else(|| Error::Buffer("this GPU was not opened with FLASHNEXT_TRACE=1".into()))
     }
 
     /// Whether launches of kernels that call `grid_dependency_wait()` overlap their predecessor.
@@ -227,7 +275,7 @@ impl Gpu {
     /// Kernel `K` at `tiles`, compiled for this device (through the caches) and loaded.
     pub fn kernel<K: KernelDef>(&self, tiles: K::Tiles) -> Result<LoadedKernel<K>> {
         let spec = K::specialize(&tiles, self.arch())?;
-        let cubin = self.cache.get(&spec)?;
+        let cubin = self.cache.get_built(&spec, self.traced())?;
         let module = {
             let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
             match modules.get(&spec.key) {
@@ -244,6 +292,6 @@ impl Gpu {
         };
         let function = module.load_function(K::NAME).during(&format!("finding the entry of {}", spec.key))?;
         let overlappable = spec.waits_on_grid_dependency();
-        Ok(LoadedKernel::new(tiles, spec.key, cubin.resources, overlappable, module, function))
+        Ok(LoadedKernel::new(tiles, spec.key, cubin.resources, overlappable, self.traced(), module, function))
     }
 }

@@ -21,6 +21,8 @@ pub struct LoadedKernel<K: KernelDef> {
     resources: Resources,
     /// The kernel calls `grid_dependency_wait()`, so it may start before its predecessor ends.
     overlappable: bool,
+    /// Compiled traced: its launches take one more parameter, their trace words.
+    traced: bool,
     /// Set when the driver refused a cooperative launch that also asked to overlap its
     /// predecessor: the kernel's later launches are cooperative only.
     cooperative_alone: AtomicBool,
@@ -36,6 +38,7 @@ impl<K: KernelDef> LoadedKernel<K> {
         key: KernelKey,
         resources: Resources,
         overlappable: bool,
+        traced: bool,
         module: Arc<CudaModule>,
         function: CudaFunction,
     ) -> Self {
@@ -44,6 +47,7 @@ impl<K: KernelDef> LoadedKernel<K> {
             key,
             resources,
             overlappable,
+            traced,
             cooperative_alone: AtomicBool::new(false),
             _module: module,
             function,
@@ -140,6 +144,10 @@ impl<K: KernelDef> LoadedKernel<K> {
                 ParamValue::F32(v) => u64::from(v.to_bits()),
             })
             .collect();
+        if self.traced {
+            // The traced build's last parameter: this launch's own words (a graph keeps them).
+            slots.push(gpu.trace_slot(&self.key.name)?);
+        }
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;

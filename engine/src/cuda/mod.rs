@@ -11,6 +11,7 @@ pub mod kernel;
 pub mod nvrtc;
 pub mod side_stream;
 pub mod timing;
+pub mod trace;
 
 pub use buffer::DeviceBuffer;
 pub use device::{DeviceInfo, Gpu};

@@ -3,6 +3,7 @@
 //! follow C precedence (plus a few for clarity), and only the prelude helpers in use are included.
 
 pub mod prelude;
+pub mod trace;
 
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -16,6 +17,11 @@ use prelude::Helper;
 
 /// The complete CUDA source of a kernel.
 pub fn cuda(kernel: &Kernel) -> String {
+    source(kernel, false)
+}
+
+/// The source, plain or traced ([`trace::cuda_traced`]).
+fn source(kernel: &Kernel, traced: bool) -> String {
     let mut mutable = BTreeSet::new();
     for s in &kernel.body {
         s.visit(&mut |s| {
@@ -55,10 +61,14 @@ pub fn cuda(kernel: &Kernel) -> String {
             }
         }
     }
+    if traced {
+        out.push('\n');
+        out.push_str(trace::HELPERS);
+    }
     let helpers = prelude::resolve(helpers_used(kernel));
     for h in helpers {
         out.push('\n');
-        out.push_str(h.code(key.arch));
+        out.push_str(if traced && h == Helper::GridDependency { trace::GRID_DEPENDENCY } else { h.code(key.arch) });
     }
     out.push('\n');
     // A kernel that overlaps its predecessor reads what the predecessor writes, after its grid
@@ -78,14 +88,29 @@ pub fn cuda(kernel: &Kernel) -> String {
         0 => kernel.block_threads.to_string(),
         m => format!("{}, {m}", kernel.block_threads),
     };
-    let _ = write!(out, "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(", key.name);
-    for (i, p) in kernel.params.iter().enumerate() {
-        out.push_str(if i == 0 { "\n    " } else { ",\n    " });
-        out.push_str(&param_decl(&p.name, p.ty, !overlapped));
+    let params = |out: &mut String| {
+        for (i, p) in kernel.params.iter().enumerate() {
+            out.push_str(if i == 0 { "\n    " } else { ",\n    " });
+            out.push_str(&param_decl(&p.name, p.ty, !overlapped));
+        }
+    };
+    if traced {
+        let _ = write!(out, "static __device__ __forceinline__ void {}_body(", key.name);
+        params(&mut out);
+        out.push_str(")\n{\n");
+        out.push_str(&body);
+        out.push_str("}\n\n");
+        let _ = write!(out, "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(", key.name);
+        params(&mut out);
+        let names: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
+        out.push_str(&trace::wrapper(&key.name, &names));
+    } else {
+        let _ = write!(out, "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(", key.name);
+        params(&mut out);
+        out.push_str(")\n{\n");
+        out.push_str(&body);
+        out.push_str("}\n");
     }
-    out.push_str(")\n{\n");
-    out.push_str(&body);
-    out.push_str("}\n");
     out
 }
 

@@ -45,6 +45,11 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "ld_early_u32x2",
     "ld_cg",
     "ld_acquire",
+    // The traced build's (`super::trace`).
+    "trace_now",
+    "trace_leader",
+    "trace_words",
+    "flashnext_trace",
 ];
 
 /// One helper (a type or a device function) of the prelude.
