@@ -34,6 +34,13 @@ use kernel_macros::kernel;
 /// l/4 and l/4 + 8 per segment; B holds lane q's x in column 2q alone, so C's column 2q is lane
 /// q's block sum, which it scales by its block scale. The f16x2 dot path issues about 4.2
 /// instructions a weight on sm_90 (SASS of the default tiles), this one about 2.8.
+///
+/// EARLY = 8 (the f32-sum path) issues a lane's first eight steps of codes and block scales
+/// before the grid dependency wait: the weights do not depend on the predecessor, so while it
+/// ends they are on their way. In the H200 step's timeline (BENCHMARKS.md, step section, session
+/// 26) that took QSA's input projection, behind a short mix kernel, from 14.8 to 10.4 µs a
+/// launch; behind GDN's state update and QSA's combine it gained nothing and slowed those (their
+/// own loads met these), so the default stays 0 and the QSA plan asks for 8.
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rows, 32 * WARPS / LANES), K_SPLIT),
@@ -47,6 +54,8 @@ use kernel_macros::kernel;
         MMA == 0 || LANES == 2,
         MMA == 1 || LANES >= 8,
         MMA == 0 || cols % (K_SPLIT * 128 * UNROLL) == 0,
+        // The early steps are the f32-sum path's; the tensor-core path has none.
+        MMA == 0 || EARLY == 0,
     ),
 )]
 pub fn gemv_nvfp4(
@@ -55,6 +64,7 @@ pub fn gemv_nvfp4(
     #[tile(default = 1, candidates = [1, 2, 4, 8])] K_SPLIT: u32,
     #[tile(default = 4, candidates = [1, 2, 4])] UNROLL: u32,
     #[tile(default = 0, candidates = [0, 1])] MMA: u32,
+    #[tile(default = 0, candidates = [0, 8])] EARLY: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
     scale2: &[f32],
@@ -68,15 +78,33 @@ pub fn gemv_nvfp4(
     seg2: u32,
     seg3: u32,
 ) {
-    // Launched as soon as its predecessor lets it (programmatic dependent launch), with nothing
-    // before the wait. It does not let its own successor (a mix site's down-projection) launch
-    // early: that successor's blocks would load their weights while this grid streams its own,
-    // and the H200 step was 9% slower so (2026-12-01, BENCHMARKS.md step section); 5.4% slower
-    // with the trigger after the products, where only the split-K tail is left to overlap.
-    grid_dependency_wait();
+    // Launched as soon as its predecessor lets it (programmatic dependent launch), with only
+    // the EARLY weight loads before the wait. It does not let its own successor (a mix site's
+    // down-projection) launch early: that successor's blocks would load their weights while this
+    // grid streams its own, and the H200 step was 9% slower so (2026-12-01, BENCHMARKS.md step
+    // section); 5.4% slower with the trigger after the products, where only the split-K tail is
+    // left to overlap.
     let split = block_idx_y();
     let k_len = cols / K_SPLIT;
     let k_begin = split * k_len;
+    let lane = lane_id() % LANES;
+    let groups = 32 * WARPS / LANES;
+    let row = block_idx() * groups + thread_idx() / LANES;
+    // The weights do not depend on the predecessor: a lane's first EARLY steps of codes and
+    // block scales go out before the wait (clamped to the slice and to the last row, so no load
+    // sits under a branch; the products below skip what lies past the slice).
+    let early_row = min(row, rows - 1);
+    let mut early_codes = [u32x2(0, 0); EARLY + 1];
+    let mut early_scales = [scales[0]; EARLY + 1];
+    if MMA == 0 {
+        #[unroll]
+        for j in 0..EARLY {
+            let c = k_begin + min(lane * 16 + j * 16 * LANES, k_len - 16);
+            early_codes[j] = load_early::<u32x2>(packed, early_row * (cols / 2) + c / 2);
+            early_scales[j] = scales[early_row * (cols / 16) + c / 16];
+        }
+    }
+    grid_dependency_wait();
 
     // The block's slice of x: eight words (eight f16 pairs) per 16-value chunk, divided by the
     // chunk's largest magnitude so that the f16 products cannot overflow, and that magnitude.
@@ -133,8 +161,6 @@ pub fn gemv_nvfp4(
     }
     sync_threads();
 
-    let lane = lane_id() % LANES;
-    let groups = 32 * WARPS / LANES;
     if MMA == 1 {
         // Rows g and g + 8 of the warp's 16; lane q of the row's four. Rows past the end read the
         // last row and write nothing.
@@ -205,14 +231,24 @@ pub fn gemv_nvfp4(
             }
         }
     }
-    let row = block_idx() * groups + thread_idx() / LANES;
     // A group past the last row sums nothing but still takes part in the warp's shuffles (with
     // MMA every row is written above).
     let active = row < rows && MMA == 0;
     let mut acc = 0.0;
     if active {
+        // The early steps, then the rest streamed: the same steps in the same order.
+        #[unroll]
+        for j in 0..EARLY {
+            let c = lane * 16 + j * 16 * LANES;
+            if c < k_len {
+                let at = c / 2;
+                let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
+                let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
+                acc += dot_e2m1x16(early_codes[j], xa, xb) * ((early_scales[j] as f32) * xsc[c / 16]);
+            }
+        }
         #[unroll(UNROLL)]
-        for c in (lane * 16..k_len).step_by(16 * LANES) {
+        for c in (lane * 16 + EARLY * 16 * LANES..k_len).step_by(16 * LANES) {
             let at = c / 2;
             let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
             let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
