@@ -164,8 +164,14 @@ fn cases() -> Vec<Case> {
         ("mma split2", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 2, ..n })),
         ("mma split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 4, unroll: 2, ..n })),
         ("mma split8", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 8, unroll: 2, ..n })),
-        ("mma w2 split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 2, k_split: 4, unroll: 2 })),
-        ("mma w8 split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 8, k_split: 4, unroll: 2 })),
+        (
+            "mma w2 split4",
+            Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 2, k_split: 4, unroll: 2, early: 0 }),
+        ),
+        (
+            "mma w8 split4",
+            Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 8, k_split: 4, unroll: 2, early: 0 }),
+        ),
         ("mma split4 unroll1", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 4, unroll: 1, ..n })),
     ];
     let with = |bf16: Vec<(&'static str, Tiles)>| bf16.into_iter().chain(nvfp4_variants.clone()).collect();
