@@ -516,8 +516,9 @@ mod tests {
         assert_eq!(bf16.knobs[2].kernel, "gemv_bf16");
 
         let verdicts = shape_verdicts(&unit, start, "out_proj");
-        // The f16x2 path's LANES × WARPS × K_SPLIT × UNROLL, and the tensor-core path's (LANES 2).
-        assert_eq!(verdicts.len(), 3 * 3 * 4 * 3 + 3 * 4 * 3, "every declared tile set of gemv_nvfp4");
+        // The f16x2 path's LANES × WARPS × K_SPLIT × UNROLL × EARLY, and the tensor-core path's
+        // (LANES 2, EARLY 0).
+        assert_eq!(verdicts.len(), 3 * 3 * 4 * 3 * 2 + 3 * 4 * 3, "every declared tile set of gemv_nvfp4");
         let best = gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..start.out_proj_nvfp4 };
         let best_text = engine::tuned::tiles_string(&best);
         assert!(verdicts.contains(&(best_text.clone(), true)), "{verdicts:?}");
