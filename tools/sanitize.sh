@@ -27,7 +27,8 @@
 # could see); --all-tests runs the CPU tests too (`--include-ignored`).
 #
 # Left out by default: gpu_overlap's
-# `an_overlapped_launch_starts_before_its_predecessor_ends_and_waits_for_its_writes`, which times
+# `an_overlapped_launch_starts_before_its_predecessor_ends_and_waits_for_its_writes` (and
+# gpu_trace's `an_overlapped_launch_starts_before_its_predecessor_ends_in_the_trace`), which times
 # a programmatic dependent launch and asserts that it starts before its predecessor ends; the
 # tools run kernels one after another, so it cannot hold under any of them (its other test,
 # `overlap_timeline`, runs). --with-timing runs it anyway.
@@ -279,15 +280,18 @@ test_args=(--test-threads=1)
 [ $all_tests = 1 ] && test_args=(--include-ignored "${test_args[@]}") || test_args=(--ignored "${test_args[@]}")
 [ -n "$filter" ] && test_args+=("$filter")
 test_args+=("${skips[@]}")
-# gpu_overlap's timing test cannot hold under a tool that runs kernels one after another.
-timing_test=an_overlapped_launch_starts_before_its_predecessor_ends_and_waits_for_its_writes
+# gpu_overlap's and gpu_trace's timing tests (this prefix names both) cannot hold under a tool
+# that runs kernels one after another.
+timing_test=an_overlapped_launch_starts_before_its_predecessor_ends
 
 name_of() { if [ "$1" = "$step_bin" ]; then echo step-once; else basename "$1"; fi; }
 step_args=(step-once --steps "${SANITIZE_STEPS:-20}")
 run_args_of() { # $1 = a target: sets run_args
   if [ "$1" = "$step_bin" ]; then run_args=("${step_args[@]}"); return; fi
   run_args=("${test_args[@]}")
-  if [ "$(short_of "$1")" = gpu_overlap ] && [ $with_timing = 0 ]; then run_args+=(--skip "$timing_test"); fi
+  case "$(short_of "$1")" in
+    gpu_overlap | gpu_trace) if [ $with_timing = 0 ]; then run_args+=(--skip "$timing_test"); fi ;;
+  esac
 }
 args_of() { run_args_of "$1"; echo "${run_args[*]}"; }
 
@@ -357,7 +361,7 @@ tool_args() { # $1 = tool
   esac
 }
 
-overlap_note=""; [ $with_timing = 0 ] && overlap_note=" (gpu_overlap: also --skip $timing_test)"
+overlap_note=""; [ $with_timing = 0 ] && overlap_note=" (gpu_overlap, gpu_trace: also --skip $timing_test)"
 {
   echo "compute-sanitizer over the GPU tests and one decode step (tools/sanitize.sh)"
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
