@@ -138,16 +138,19 @@ fn timeouts_fail_and_the_budget_leaves_runs_skipped() {
 
 #[test]
 fn gpu_overlaps_timing_test_is_left_out_unless_asked_for() {
-    let dir = bundle("timing", &[("gpu_overlap", true, 0), ("gpu_step", true, 0)], false);
+    let dir = bundle("timing", &[("gpu_overlap", true, 0), ("gpu_trace", true, 0), ("gpu_step", true, 0)], false);
     let log = |dir: &Path, name: &str| {
         std::fs::read_to_string(dir.join(format!("out/sanitize/flashnext--test--{name}.memcheck.log"))).expect("log")
     };
-    let timing = "--skip an_overlapped_launch_starts_before_its_predecessor_ends_and_waits_for_its_writes";
+    // One prefix names gpu_overlap's and gpu_trace's timing tests; libtest's --skip matches it.
+    let timing = "--skip an_overlapped_launch_starts_before_its_predecessor_ends";
     let (rc, summary) = sanitize(&dir, &["--tools", "memcheck", "--no-step"]);
     assert_eq!(rc, 0, "{summary}");
-    assert!(log(&dir, "gpu_overlap").lines().next().expect("the command").ends_with(timing));
-    assert!(!log(&dir, "gpu_step").contains("--skip"), "only gpu_overlap leaves a test out");
-    assert!(summary.contains("(gpu_overlap: also --skip an_overlapped_launch_starts"));
+    for timed in ["gpu_overlap", "gpu_trace"] {
+        assert!(log(&dir, timed).lines().next().expect("the command").ends_with(timing), "{timed}");
+    }
+    assert!(!log(&dir, "gpu_step").contains("--skip"), "only gpu_overlap and gpu_trace leave a test out");
+    assert!(summary.contains("(gpu_overlap, gpu_trace: also --skip an_overlapped_launch_starts"));
     let (rc, _) = sanitize(&dir, &["--tools", "memcheck", "--no-step", "--with-timing", "gpu_overlap"]);
     assert_eq!(rc, 0);
     assert!(!log(&dir, "gpu_overlap").contains("--skip"));
