@@ -26,9 +26,12 @@
 //! With `FLASHNEXT_TRACE=1` every kernel is the traced build (`engine::cuda::trace`), and after
 //! each context's timing one more token's replay is laid out as a timeline: per kernel, the
 //! launches, what they added to the replay's span, the hand-off (predecessor's end to the wait's
-//! return) and the work after the wait; every launch's stamps go to
-//! $OUT/step-trace-<variant>-<context>.jsonl. The timed lines of such a run are the traced
-//! build's (the stamps' cost is their difference from a plain run).
+//! return) and the work after the wait; then, from the blocks' own records, the block that ended
+//! each launch (how late it was let in, how long it ran after its wait, beside the median block's
+//! run) and the most blocks a launch put on one SM. Every launch's stamps go to
+//! $OUT/step-trace-<variant>-<context>.jsonl, every block's (SM, start, wait return, end, ns from
+//! the replay's first start) to $OUT/step-blocks-<variant>-<context>.jsonl. The timed lines of
+//! such a run are the traced build's (the stamps' cost is their difference from a plain run).
 //!
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
 //! target/).
@@ -202,6 +205,7 @@ fn trace_one_token(e: &mut Engine, position: usize, tag: &str) {
             per(k.advance, k.launches)
         );
     }
+    print_critical_blocks(&launches, &t);
     let dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
     let first = launches.first().map_or(0, |l| l.first_start);
     let mut out = String::new();
@@ -226,4 +230,62 @@ fn trace_one_token(e: &mut Engine, position: usize, tag: &str) {
     }
     let path = dir.join(format!("step-trace-{}.jsonl", tag.replace([' ', ',', '/'], "_")));
     std::fs::write(&path, out).unwrap_or_else(|err| panic!("writing {}: {err}", path.display()));
+
+    // Every block, a line a launch: its SM, start, wait return (null: no wait) and end.
+    let mut out = String::new();
+    for l in &launches {
+        let rel = |v: u64| v as i64 - first as i64;
+        out.push_str(
+            &serde_json::json!({
+                "slot": l.slot,
+                "kernel": l.kernel,
+                "sm": l.blocks.iter().map(|b| b.sm).collect::<Vec<_>>(),
+                "start_ns": l.blocks.iter().map(|b| rel(b.start)).collect::<Vec<_>>(),
+                "wait_ns": l.blocks.iter().map(|b| b.wait.map(rel)).collect::<Vec<_>>(),
+                "end_ns": l.blocks.iter().map(|b| rel(b.end)).collect::<Vec<_>>(),
+            })
+            .to_string(),
+        );
+        out.push('\n');
+    }
+    let path = dir.join(format!("step-blocks-{}.jsonl", tag.replace([' ', ',', '/'], "_")));
+    std::fs::write(&path, out).unwrap_or_else(|err| panic!("writing {}: {err}", path.display()));
+}
+
+/// Per kernel, means over its launches: the blocks, the most on one SM, the block that ended the
+/// launch (how long after the launch's first start it started, how long it ran after its wait)
+/// and the median block's run, in the order of the timeline's table.
+fn print_critical_blocks(launches: &[engine::cuda::trace::LaunchStamps], t: &engine::cuda::trace::Timeline) {
+    println!(
+        "  {:<28} {:>8} {:>10} {:>10} {:>16} {:>16} {:>16}",
+        "kernel", "blocks", "most/SM", "last: SM", "last: late us", "last: run us", "median run us"
+    );
+    for k in t.by_kernel() {
+        let mine: Vec<_> = launches.iter().filter(|l| l.kernel == k.kernel).collect();
+        let criticals: Vec<_> = mine.iter().filter_map(|l| l.critical()).collect();
+        let runs: Vec<f64> = mine.iter().filter_map(|l| l.median_run()).collect();
+        if criticals.is_empty() {
+            continue;
+        }
+        let mean = |v: &mut dyn Iterator<Item = f64>, n: usize| v.sum::<f64>() / n as f64;
+        let n = criticals.len();
+        // The SM the last block ran on most often: a fixed SM would mean a placement pattern.
+        let mut sms = std::collections::BTreeMap::new();
+        for c in &criticals {
+            *sms.entry(c.sm).or_insert(0usize) += 1;
+        }
+        let (sm, times) =
+            sms.iter().max_by_key(|(sm, n)| (**n, std::cmp::Reverse(**sm))).map_or((0, 0), |(s, n)| (*s, *n));
+        println!(
+            "  {:<28} {:>8.0} {:>10.1} {:>6} x{:<3} {:>16.2} {:>16.2} {:>16.2}",
+            k.kernel,
+            mean(&mut mine.iter().map(|l| l.blocks.len() as f64), mine.len()),
+            mean(&mut mine.iter().map(|l| l.most_blocks_an_sm() as f64), mine.len()),
+            sm,
+            times,
+            mean(&mut criticals.iter().map(|c| c.late / 1e3), n),
+            mean(&mut criticals.iter().map(|c| c.run / 1e3), n),
+            mean(&mut runs.iter().map(|r| r / 1e3), runs.len()),
+        );
+    }
 }

@@ -715,18 +715,28 @@ fn the_traced_build_runs_the_plain_body_between_its_stamps() {
         statements(&traced, "static __device__ __forceinline__ void overlap_body(")
     );
     // The entry point stamps, calls the body with its own parameters, waits for the block and
-    // stamps again; the wait stamps its first return.
+    // stamps again, into the launch's words and the block's record (at the block's linear index);
+    // the wait stamps both.
     let entry = body(&traced);
-    assert!(entry.contains("unsigned long long* flashnext_trace)"));
+    assert!(entry.contains("unsigned long long* flashnext_trace,\n    unsigned long long* flashnext_trace_blocks)"));
+    assert!(entry.contains(
+        "trace_block() = flashnext_trace_blocks ? flashnext_trace_blocks + 4ull * (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) : nullptr;"
+    ));
     let order = [
         "atomicMin(flashnext_trace, t)",
+        "if (trace_block()) {\n            trace_block()[0] = t;",
+        "trace_block()[3] = sm;",
         "overlap_body(w, x, y, started, n);",
         "__syncthreads();",
-        "atomicMax(flashnext_trace + 3",
+        "atomicMax(flashnext_trace + 3, t)",
+        "if (trace_block()) trace_block()[2] = t;",
     ];
     let at: Vec<usize> = order.iter().map(|s| entry.find(s).unwrap_or_else(|| panic!("{s} in the entry"))).collect();
     assert!(at.windows(2).all(|w| w[0] < w[1]), "stamp, body, barrier, stamp: {at:?}");
-    assert!(traced.contains("atomicMin(trace_words() + 2, trace_now())"));
+    assert!(traced.contains("atomicMin(trace_words() + 2, t);\n        if (trace_block()) trace_block()[1] = t;"));
+    // One timer, the prelude's, ahead of the stamps' helpers.
+    assert_eq!(traced.matches("%%globaltimer").count(), 1);
+    assert!(traced.find("global_timer()").unwrap() < traced.find("trace_leader()").unwrap());
     assert!(!plain.contains("trace_"), "the plain build has no stamp");
 }
 

@@ -121,9 +121,10 @@ fn a_compile_error_shows_the_log_and_the_offending_lines() {
 
 /// The traced build of every kernel (`kernel_dsl::emit::trace`, what a GPU opened with
 /// `FLASHNEXT_TRACE=1` loads) compiles for every architecture at its default tiles, its entry
-/// point taking the trace words last, with at most 24 registers more than the plain build (the
-/// stamps must not change the code they time much; the most is 8 on sm_90, and 17 on sm_121a,
-/// `ple_gate_conv`'s) and no spill the plain build does not have.
+/// point taking the trace words and the block records last, with at most 24 registers more than
+/// the plain build (the stamps must not change the code they time much; the most was 8 on sm_90
+/// and 17 on sm_121a, `ple_gate_conv`'s, before the block records) and no spill the plain build
+/// does not have.
 #[test]
 fn every_kernel_compiles_traced_with_about_the_plain_registers() {
     nvrtc::load().unwrap_or_else(|e| panic!("{e}"));
@@ -132,9 +133,16 @@ fn every_kernel_compiles_traced_with_about_the_plain_registers() {
         for arch in Arch::ALL {
             let spec = kernel.default_kernel(arch).unwrap_or_else(|e| panic!("{e}"));
             let traced = kernel_dsl::emit::trace::cuda_traced(&spec);
-            let tail = format!("unsigned long long* {})", kernel_dsl::emit::trace::TRACE_PARAM);
+            let tail = format!(
+                "unsigned long long* {},\n    unsigned long long* {})",
+                kernel_dsl::emit::trace::TRACE_PARAM,
+                kernel_dsl::emit::trace::TRACE_BLOCKS_PARAM
+            );
             if !traced.contains(&tail) {
-                problems.push(format!("{}: the entry point does not take the trace words last", spec.key));
+                problems.push(format!(
+                    "{}: the entry point does not take the trace words and block records last",
+                    spec.key
+                ));
             }
             let plain = nvrtc::compile(&kernel_dsl::emit::cuda(&spec), kernel.name(), arch);
             match (nvrtc::compile(&traced, kernel.name(), arch), plain) {

@@ -136,9 +136,10 @@ impl Gpu {
         self.arena()?.read(self)
     }
 
-    /// The device address of a new launch's trace words, for `kernel`.
-    pub(crate) fn trace_slot(&self, kernel: &str) -> Result<u64> {
-        self.arena()?.take(kernel)
+    /// The device addresses of a new launch's trace words and of its `blocks` block records, for
+    /// `kernel`.
+    pub(crate) fn trace_slot(&self, kernel: &str, blocks: usize) -> Result<(u64, u64)> {
+        self.arena()?.take(kernel, blocks)
     }
 
     fn arena(&self) -> Result<&Arena> {

@@ -144,12 +144,15 @@ impl<K: KernelDef> LoadedKernel<K> {
                 ParamValue::F32(v) => u64::from(v.to_bits()),
             })
             .collect();
+        let [gx, gy, gz] = dims.grid;
         if self.traced {
-            // The traced build's last parameter: this launch's own words (a graph keeps them).
-            slots.push(gpu.trace_slot(&self.key.name)?);
+            // The traced build's last parameters: this launch's own words and its blocks' records
+            // (a graph keeps them).
+            let blocks = gx as usize * gy as usize * gz as usize;
+            let (words, records) = gpu.trace_slot(&self.key.name, blocks)?;
+            slots.extend([words, records]);
         }
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast::<c_void>()).collect();
-        let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
         let overlapped = self.overlappable && gpu.overlaps_launches() && !self.cooperative_alone.load(Relaxed);
         if dims.cooperative || overlapped {

@@ -2,11 +2,13 @@
 //! (`kernel_dsl::emit::trace`) writes, and what it says about a captured step.
 //!
 //! A [`Gpu`] opened with `FLASHNEXT_TRACE=1` compiles every kernel traced and hands each launch,
-//! in the order they are enqueued or captured, four words of one arena ([`Arena`]); a graph keeps
-//! its launches' words, so each replay stamps the same ones. [`Gpu::trace_reset`] readies the
-//! words, [`Gpu::trace_read`] reads the launches that ran since, and [`Timeline`] splits the span
-//! of a chain of launches into what each launch added to it: the hand-off from its predecessor's
-//! end to its own wait's return, and its work after the wait.
+//! in the order they are enqueued or captured, four words of one arena and a record for each of
+//! its blocks ([`Arena`]); a graph keeps its launches' words, so each replay stamps the same ones.
+//! [`Gpu::trace_reset`] readies the words, [`Gpu::trace_read`] reads the launches that ran since,
+//! and [`Timeline`] splits the span of a chain of launches into what each launch added to it: the
+//! hand-off from its predecessor's end to its own wait's return, and its work after the wait.
+//! [`LaunchStamps::critical`] says which block ended a launch, and whether it started late or ran
+//! long.
 
 use std::sync::Mutex;
 
@@ -17,14 +19,34 @@ use crate::error::{Error, Result};
 /// Launches one arena holds: several captures of the 536-launch step and their warm-ups.
 pub const CAPACITY: usize = 1 << 16;
 
+/// Block records one arena holds (32 bytes each, 128 MiB): the step's replay takes about
+/// 160 thousand, so about 25 captures or eager steps.
+pub const BLOCK_CAPACITY: usize = 1 << 22;
+
+/// Launches of more blocks than this record none (the fills that make a synthetic model's weights
+/// run millions); the step's largest grid is about two thousand.
+pub const MOST_BLOCKS_RECORDED: usize = 1 << 16;
+
 /// Words a launch takes: first start, last start, first wait return, last end.
 const WORDS: usize = 4;
 
-/// The traced launches' words on the device, and the kernel each slot went to.
+/// Words a block's record takes: start, wait return, end, SM.
+const BLOCK_WORDS: usize = 4;
+
+/// A traced launch: its kernel and where its block records begin.
+#[derive(Debug)]
+struct Slot {
+    kernel: String,
+    first_block: usize,
+    blocks: usize,
+}
+
+/// The traced launches' words and block records on the device, and the kernel each slot went to.
 #[derive(Debug)]
 pub struct Arena {
     words: Mutex<DeviceBuffer<u64>>,
-    kernels: Mutex<Vec<String>>,
+    blocks: DeviceBuffer<u64>,
+    slots: Mutex<Vec<Slot>>,
 }
 
 /// One launch's stamps, in ns of the device's global timer.
@@ -38,6 +60,66 @@ pub struct LaunchStamps {
     /// The first return from `grid_dependency_wait()`; `None` for a kernel that does not wait.
     pub first_wait: Option<u64>,
     pub last_end: u64,
+    /// Each block's own stamps, in the order of its linear index (none for a grid of more than
+    /// [`MOST_BLOCKS_RECORDED`] blocks).
+    pub blocks: Vec<BlockStamps>,
+}
+
+/// One block's stamps, in ns of the device's global timer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockStamps {
+    /// The SM it ran on.
+    pub sm: u32,
+    pub start: u64,
+    /// Its return from `grid_dependency_wait()`; `None` if its thread 0 did not wait.
+    pub wait: Option<u64>,
+    pub end: u64,
+}
+
+/// The block that ended a launch, and how.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Critical {
+    /// Its linear index and SM.
+    pub block: usize,
+    pub sm: u32,
+    /// Its start minus the launch's first start, ns: how late it was let in.
+    pub late: f64,
+    /// Its end minus its wait's return (or its start), ns: how long it ran after.
+    pub run: f64,
+}
+
+impl LaunchStamps {
+    /// The block whose end was the launch's end (the lower index on a tie); `None` without
+    /// block records.
+    pub fn critical(&self) -> Option<Critical> {
+        let (block, b) = self.blocks.iter().enumerate().max_by(|a, b| a.1.end.cmp(&b.1.end).then(b.0.cmp(&a.0)))?;
+        Some(Critical {
+            block,
+            sm: b.sm,
+            late: b.start as f64 - self.first_start as f64,
+            run: b.end as f64 - b.wait.unwrap_or(b.start).max(b.start) as f64,
+        })
+    }
+
+    /// The median over the blocks of end minus wait return (or start), ns.
+    pub fn median_run(&self) -> Option<f64> {
+        let mut runs: Vec<f64> =
+            self.blocks.iter().map(|b| b.end as f64 - b.wait.unwrap_or(b.start).max(b.start) as f64).collect();
+        if runs.is_empty() {
+            return None;
+        }
+        runs.sort_by(f64::total_cmp);
+        Some(runs[runs.len() / 2])
+    }
+
+    /// The most blocks of this launch that ran on one SM.
+    pub fn most_blocks_an_sm(&self) -> usize {
+        let mut per_sm = std::collections::BTreeMap::new();
+        for b in &self.blocks {
+            *per_sm.entry(b.sm).or_insert(0usize) += 1;
+        }
+        per_sm.values().copied().max().unwrap_or(0)
+    }
 }
 
 /// Words as the kernels expect them before a launch: the minima at `u64::MAX`, the maxima at 0.
@@ -45,49 +127,68 @@ fn ready_words(slots: usize) -> Vec<u64> {
     (0..slots * WORDS).map(|i| if i % 2 == 0 { u64::MAX } else { 0 }).collect()
 }
 
+/// A block's record as the device left it.
+fn block_stamps(record: &[u64]) -> BlockStamps {
+    BlockStamps { sm: record[3] as u32, start: record[0], wait: (record[1] != 0).then_some(record[1]), end: record[2] }
+}
+
 impl Arena {
     pub(crate) fn new(gpu: &Gpu) -> Result<Arena> {
         let words = gpu.upload(&ready_words(CAPACITY))?;
-        Ok(Arena { words: Mutex::new(words), kernels: Mutex::new(Vec::new()) })
+        // Zeroed: a record's wait word stays 0 for a block that does not wait.
+        let blocks = gpu.alloc(BLOCK_CAPACITY * BLOCK_WORDS)?;
+        Ok(Arena { words: Mutex::new(words), blocks, slots: Mutex::new(Vec::new()) })
     }
 
-    /// The device address of the next free slot, now `kernel`'s.
-    pub(crate) fn take(&self, kernel: &str) -> Result<u64> {
-        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = kernels.len();
-        if slot == CAPACITY {
+    /// The device addresses of the next free slot's words and of its `blocks` records (null
+    /// past [`MOST_BLOCKS_RECORDED`]: the kernel records none), now `kernel`'s.
+    pub(crate) fn take(&self, kernel: &str, blocks: usize) -> Result<(u64, u64)> {
+        let blocks = if blocks > MOST_BLOCKS_RECORDED { 0 } else { blocks };
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.len();
+        let first_block = slots.last().map_or(0, |s| s.first_block + s.blocks);
+        if slot == CAPACITY || first_block + blocks > BLOCK_CAPACITY {
             return Err(Error::Buffer(format!(
-                "the trace arena is full ({CAPACITY} launches): trace fewer launches a process"
+                "the trace arena is full ({slot} launches, {first_block} blocks; it holds {CAPACITY} and \
+                 {BLOCK_CAPACITY}): trace fewer launches a process"
             )));
         }
-        kernels.push(kernel.to_string());
+        slots.push(Slot { kernel: kernel.to_string(), first_block, blocks });
         let words = self.words.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(words.ptr().addr() + (slot * WORDS * 8) as u64)
+        let records = match blocks {
+            0 => 0,
+            _ => self.blocks.ptr().addr() + (first_block * BLOCK_WORDS * 8) as u64,
+        };
+        Ok((words.ptr().addr() + (slot * WORDS * 8) as u64, records))
     }
 
+    /// Readies the launches' words; the block records are each overwritten by their block.
     pub(crate) fn reset(&self, gpu: &Gpu) -> Result<()> {
         let mut words = self.words.lock().unwrap_or_else(|e| e.into_inner());
         gpu.write(&mut words, &ready_words(CAPACITY))
     }
 
-    /// The launches stamped since the last reset, in slot order.
+    /// The launches stamped since the last reset, in slot order, with their blocks.
     pub(crate) fn read(&self, gpu: &Gpu) -> Result<Vec<LaunchStamps>> {
         gpu.synchronize()?;
         let words = gpu.download(&self.words.lock().unwrap_or_else(|e| e.into_inner()))?;
-        let kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(kernels
+        let records = gpu.download(&self.blocks)?;
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(slots
             .iter()
             .enumerate()
-            .filter_map(|(slot, kernel)| {
+            .filter_map(|(slot, s)| {
                 let w = &words[slot * WORDS..(slot + 1) * WORDS];
+                let records = &records[s.first_block * BLOCK_WORDS..(s.first_block + s.blocks) * BLOCK_WORDS];
                 // A launch that did not run since the reset keeps its start at u64::MAX.
                 (w[0] != u64::MAX).then(|| LaunchStamps {
                     slot,
-                    kernel: kernel.clone(),
+                    kernel: s.kernel.clone(),
                     first_start: w[0],
                     last_start: w[1],
                     first_wait: (w[2] != u64::MAX).then_some(w[2]),
                     last_end: w[3],
+                    blocks: records.chunks_exact(BLOCK_WORDS).map(block_stamps).collect(),
                 })
             })
             .collect())
@@ -199,6 +300,7 @@ mod tests {
             last_start: start,
             first_wait: wait,
             last_end: end,
+            blocks: Vec::new(),
         }
     }
 
@@ -231,6 +333,31 @@ mod tests {
         assert_eq!((shares[0].launches, shares[0].advance, shares[0].waits, shares[0].handoff), (2, 70.0, 2, 4.0));
         assert_eq!((shares[1].launches, shares[1].advance, shares[1].waits, shares[1].handoff), (2, 20.0, 1, 1.0));
         assert_eq!(shares.iter().map(|s| s.advance).sum::<f64>(), 90.0);
+    }
+
+    #[test]
+    fn the_critical_block_is_the_last_to_end_and_says_whether_it_was_late_or_long() {
+        let block = |sm, start, wait, end| BlockStamps { sm, start, wait, end };
+        let mut l = stamps(0, "a", 100, Some(150), 900);
+        l.blocks = vec![
+            block(3, 100, Some(150), 500),
+            block(7, 400, Some(420), 900),
+            block(3, 120, None, 300),
+            block(5, 110, Some(150), 900),
+        ];
+        // Blocks 1 and 3 both end at 900: the lower index is the critical one.
+        let c = l.critical().expect("blocks");
+        assert_eq!((c.block, c.sm, c.late, c.run), (1, 7, 300.0, 480.0));
+        // Runs: 350, 480, 180 (no wait: from its start), 750.
+        assert_eq!(l.median_run(), Some(480.0));
+        assert_eq!(l.most_blocks_an_sm(), 2);
+        assert_eq!(stamps(0, "b", 0, None, 1).critical(), None);
+    }
+
+    #[test]
+    fn a_record_with_a_zero_wait_word_did_not_wait() {
+        assert_eq!(block_stamps(&[10, 0, 20, 4]), BlockStamps { sm: 4, start: 10, wait: None, end: 20 });
+        assert_eq!(block_stamps(&[10, 15, 20, 131]), BlockStamps { sm: 131, start: 10, wait: Some(15), end: 20 });
     }
 
     #[test]

@@ -62,11 +62,17 @@ fn source(kernel: &Kernel, traced: bool) -> String {
         }
     }
     if traced {
+        // The stamps read the prelude's timer, so it comes first (and only once).
+        out.push('\n');
+        out.push_str(Helper::GlobalTimer.code(key.arch));
         out.push('\n');
         out.push_str(trace::HELPERS);
     }
     let helpers = prelude::resolve(helpers_used(kernel));
     for h in helpers {
+        if traced && h == Helper::GlobalTimer {
+            continue;
+        }
         out.push('\n');
         out.push_str(if traced && h == Helper::GridDependency { trace::GRID_DEPENDENCY } else { h.code(key.arch) });
     }

@@ -46,10 +46,11 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "ld_cg",
     "ld_acquire",
     // The traced build's (`super::trace`).
-    "trace_now",
     "trace_leader",
     "trace_words",
+    "trace_block",
     "flashnext_trace",
+    "flashnext_trace_blocks",
 ];
 
 /// One helper (a type or a device function) of the prelude.
