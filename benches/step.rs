@@ -207,10 +207,14 @@ fn trace_one_token(e: &mut Engine, position: usize, tag: &str) {
     }
     print_critical_blocks(&launches, &t);
     let dir = std::env::var_os("OUT").map(std::path::PathBuf::from).unwrap_or_else(|| "target".into());
+    let write = |kind: &str, lines: String| {
+        let path = dir.join(format!("step-{kind}-{}.jsonl", tag.replace([' ', ',', '/'], "_")));
+        std::fs::write(&path, lines).unwrap_or_else(|err| panic!("writing {}: {err}", path.display()));
+    };
     let first = launches.first().map_or(0, |l| l.first_start);
+    let rel = |v: u64| v as i64 - first as i64;
     let mut out = String::new();
     for (l, s) in launches.iter().zip(&t.steps) {
-        let rel = |v: u64| v as i64 - first as i64;
         out.push_str(
             &serde_json::json!({
                 "slot": l.slot,
@@ -228,13 +232,11 @@ fn trace_one_token(e: &mut Engine, position: usize, tag: &str) {
         );
         out.push('\n');
     }
-    let path = dir.join(format!("step-trace-{}.jsonl", tag.replace([' ', ',', '/'], "_")));
-    std::fs::write(&path, out).unwrap_or_else(|err| panic!("writing {}: {err}", path.display()));
+    write("trace", out);
 
     // Every block, a line a launch: its SM, start, wait return (null: no wait) and end.
     let mut out = String::new();
     for l in &launches {
-        let rel = |v: u64| v as i64 - first as i64;
         out.push_str(
             &serde_json::json!({
                 "slot": l.slot,
@@ -248,8 +250,7 @@ fn trace_one_token(e: &mut Engine, position: usize, tag: &str) {
         );
         out.push('\n');
     }
-    let path = dir.join(format!("step-blocks-{}.jsonl", tag.replace([' ', ',', '/'], "_")));
-    std::fs::write(&path, out).unwrap_or_else(|err| panic!("writing {}: {err}", path.display()));
+    write("blocks", out);
 }
 
 /// Per kernel, means over its launches: the blocks, the most on one SM, the block that ended the

@@ -225,7 +225,15 @@ impl Gpu {
 
     /// The contents of `buf`, after the work enqueued before.
     pub fn download<T: Pod>(&self, buf: &DeviceBuffer<T>) -> Result<Vec<T>> {
-        let mut host = vec![T::zeroed(); buf.len()];
+        self.download_first(buf, buf.len())
+    }
+
+    /// The first `len` elements of `buf`, after the work enqueued before.
+    pub fn download_first<T: Pod>(&self, buf: &DeviceBuffer<T>, len: usize) -> Result<Vec<T>> {
+        if len > buf.len() {
+            return Err(Error::Buffer(format!("reading {len} elements of a buffer of {}", buf.len())));
+        }
+        let mut host = vec![T::zeroed(); len];
         if !host.is_empty() {
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut host);
             let n = bytes.len();

@@ -76,6 +76,13 @@ pub struct BlockStamps {
     pub end: u64,
 }
 
+impl BlockStamps {
+    /// Its end minus its wait's return (or its start, if it did not wait), ns.
+    pub fn run(&self) -> f64 {
+        self.end as f64 - self.wait.unwrap_or(self.start) as f64
+    }
+}
+
 /// The block that ended a launch, and how.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Critical {
@@ -93,18 +100,12 @@ impl LaunchStamps {
     /// block records.
     pub fn critical(&self) -> Option<Critical> {
         let (block, b) = self.blocks.iter().enumerate().max_by(|a, b| a.1.end.cmp(&b.1.end).then(b.0.cmp(&a.0)))?;
-        Some(Critical {
-            block,
-            sm: b.sm,
-            late: b.start as f64 - self.first_start as f64,
-            run: b.end as f64 - b.wait.unwrap_or(b.start).max(b.start) as f64,
-        })
+        Some(Critical { block, sm: b.sm, late: b.start as f64 - self.first_start as f64, run: b.run() })
     }
 
     /// The median over the blocks of end minus wait return (or start), ns.
     pub fn median_run(&self) -> Option<f64> {
-        let mut runs: Vec<f64> =
-            self.blocks.iter().map(|b| b.end as f64 - b.wait.unwrap_or(b.start).max(b.start) as f64).collect();
+        let mut runs: Vec<f64> = self.blocks.iter().map(BlockStamps::run).collect();
         if runs.is_empty() {
             return None;
         }
@@ -172,8 +173,10 @@ impl Arena {
     pub(crate) fn read(&self, gpu: &Gpu) -> Result<Vec<LaunchStamps>> {
         gpu.synchronize()?;
         let words = gpu.download(&self.words.lock().unwrap_or_else(|e| e.into_inner()))?;
-        let records = gpu.download(&self.blocks)?;
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        // Only the records handed out so far (the step's replay: about 5 MB of the 128 MiB).
+        let used = slots.last().map_or(0, |s| s.first_block + s.blocks);
+        let records = gpu.download_first(&self.blocks, used * BLOCK_WORDS)?;
         Ok(slots
             .iter()
             .enumerate()
