@@ -129,7 +129,13 @@ pub fn gdn_in_proj_bf16(
 /// its codes and block scales (STEPS steps of 512 values, `hidden ≤ 512·STEPS`) before the grid
 /// dependency wait, with `load_early` (which ptxas keeps before the wait): they stream while the
 /// predecessor runs, all in flight together, where the loop used to load each step's codes right
-/// before using them. MIN_BLOCKS is the residency ptxas budgets registers to (0: none).
+/// before using them. So are the epilogue's operands (conv taps and history, A_log, dt_bias, the
+/// global scale), one a lane, gathered by shuffles after the sums: the epilogue's loads were a
+/// round trip at the end of every block. The block scales wait packed, four a register. What is
+/// resident before the wait is what streams early: at the default ROWS = 4 a thread holds 80
+/// registers on sm_90, six blocks an SM, 12,672 of the published shape's 16,480 rows (ROWS = 2 held
+/// 64 registers, eight blocks, 8,448 rows); the rest of the grid starts as those blocks finish.
+/// MIN_BLOCKS is the residency ptxas budgets registers to (0: none).
 ///
 /// DIRECT = 1 reads each lane's 16 values of x from global memory beside its weights (bf16, L1
 /// after the first warp) instead of staging x in shared memory first: no barrier and no staging
@@ -168,7 +174,7 @@ pub fn gdn_in_proj_bf16(
     min_blocks = MIN_BLOCKS,
 )]
 pub fn gdn_in_proj_nvfp4(
-    #[tile(default = 2, candidates = [1, 2, 4, 16])] ROWS: u32,
+    #[tile(default = 4, candidates = [1, 2, 4, 16])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 1, candidates = [1, 2])] UNROLL: u32,
     #[tile(default = 0, candidates = [0, 1])] MMA: u32,
@@ -176,7 +182,8 @@ pub fn gdn_in_proj_nvfp4(
     #[tile(default = 5, candidates = [5, 8])] STEPS: u32,
     #[tile(default = 0, candidates = [0, 4])] MIN_BLOCKS: u32,
     packed: &[e2m1x2],
-    scales: &[e4m3],
+    // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
+    scales: &[u8],
     scale2: &[f32],
     x: &[bf16],
     conv_w: &[bf16],
@@ -197,7 +204,12 @@ pub fn gdn_in_proj_nvfp4(
     // a zero scale, rows past the last load the last row and write nothing (no branch around the
     // loads).
     let mut codes = [u32x2(0, 0); ROWS * STEPS * (1 - MMA) + MMA];
-    let mut wscale = [0.0; ROWS * STEPS * (1 - MMA) + MMA];
+    // The block scales wait as their e4m3 bits, four steps a word (step j in byte j % 4 of word
+    // j / 4 of its row): a register per four scales instead of one each (at ROWS = 4, 80
+    // registers instead of 93: six blocks an SM instead of five), so more of the grid is resident
+    // with its codes in flight before the wait. Packing them waits for the scale bytes before the
+    // wait, while the predecessor still runs. They are widened to f32 after it.
+    let mut scale_bits = [0u32; ROWS * ((STEPS + 3) / 4) * (1 - MMA) + MMA];
     // The f32 path decodes raw (`e2m1x4_to_f32x4_raw`: no multiply a value), its values short by
     // the gap (2^126 on sm_90). x comes lifted (by 2^64 there), so that every product stays a
     // normal f32, and each block scale carries the rest of the gap (2^62): all powers of two, so
@@ -217,12 +229,49 @@ pub fn gdn_in_proj_nvfp4(
         #[unroll]
         for j in 0..STEPS {
             let c = min(lane_id() * 16 + 512 * j, hidden - 512 + lane_id() * 16);
-            let live = lane_id() * 16 + 512 * j < hidden;
             #[unroll]
             for r in 0..ROWS {
                 let row = min(row0 + r, rows - 1);
-                let scale = scales[row * (hidden / 16) + c / 16] as f32;
-                wscale[j * ROWS + r] = if live { scale * drop } else { 0.0 };
+                let bits = scales[row * (hidden / 16) + c / 16] as u32;
+                scale_bits[(j / 4) * ROWS + r] |= bits << (8 * (j % 4));
+            }
+        }
+    }
+    // f32 path: the epilogue's operands are loaded before the wait too, one a lane (lane 8r + k
+    // holds operand k of row r: conv taps 0..3 and the history's three inputs, or a row of the
+    // gate a's A_log and dt_bias; operand 7 is the row's global scale), and reach lane 0 by
+    // shuffles after the sums. Loaded after the sums they were a round trip at the end of every
+    // block. The history is safe to read early: only this layer's previous token wrote it, many
+    // launches back (as the state update reads its state early).
+    let mut operand = 0.0;
+    if MMA == 0 {
+        let (r, k) = (lane_id() / 8, lane_id() % 8);
+        let row = row0 + r;
+        if r < ROWS && row < rows {
+            if k == 7 {
+                let segment = if row < conv_dim {
+                    0
+                } else if row < conv_dim + z_dim {
+                    1
+                } else if row < conv_dim + z_dim + heads {
+                    2
+                } else {
+                    3
+                };
+                operand = scale2[segment];
+            } else if row < conv_dim {
+                if k < 4 {
+                    operand = conv_w[4 * row + k] as f32;
+                } else if k < 7 {
+                    operand = conv_hist[(k - 4) * conv_dim + row];
+                }
+            } else if row >= conv_dim + z_dim + heads {
+                let h = row - conv_dim - z_dim - heads;
+                if k == 0 {
+                    operand = a_log[h];
+                } else if k == 1 {
+                    operand = dt_bias[h];
+                }
             }
         }
     }
@@ -277,10 +326,10 @@ pub fn gdn_in_proj_nvfp4(
                 let col = (s0 + u) * 128 + 32 * q;
                 wa_u[u] = load_stream::<u32x4>(packed, l0 * (hidden / 2) + col / 2);
                 wb_u[u] = load_stream::<u32x4>(packed, l1 * (hidden / 2) + col / 2);
-                sc_u[4 * u] = scales[l0 * (hidden / 16) + col / 16] as f32;
-                sc_u[4 * u + 1] = scales[l0 * (hidden / 16) + col / 16 + 1] as f32;
-                sc_u[4 * u + 2] = scales[l1 * (hidden / 16) + col / 16] as f32;
-                sc_u[4 * u + 3] = scales[l1 * (hidden / 16) + col / 16 + 1] as f32;
+                sc_u[4 * u] = e4m3x4_to_f32x4(scales[l0 * (hidden / 16) + col / 16] as u32).x;
+                sc_u[4 * u + 1] = e4m3x4_to_f32x4(scales[l0 * (hidden / 16) + col / 16 + 1] as u32).x;
+                sc_u[4 * u + 2] = e4m3x4_to_f32x4(scales[l1 * (hidden / 16) + col / 16] as u32).x;
+                sc_u[4 * u + 3] = e4m3x4_to_f32x4(scales[l1 * (hidden / 16) + col / 16 + 1] as u32).x;
             }
             #[unroll]
             for u in 0..UNROLL {
@@ -330,8 +379,21 @@ pub fn gdn_in_proj_nvfp4(
                 x2 = load_vec::<f32x4>(xs, c + 8);
                 x3 = load_vec::<f32x4>(xs, c + 12);
             }
+            // Steps past the row's end weigh zero.
+            let live = lane_id() * 16 + 512 * j < hidden;
             #[unroll]
             for r in 0..ROWS {
+                let four = e4m3x4_to_f32x4(scale_bits[(j / 4) * ROWS + r]);
+                let scale = if j % 4 == 0 {
+                    four.x
+                } else if j % 4 == 1 {
+                    four.y
+                } else if j % 4 == 2 {
+                    four.z
+                } else {
+                    four.w
+                };
+                let wscale = if live { scale * drop } else { 0.0 };
                 let wv = codes[j * ROWS + r];
                 let w0 = e2m1x4_to_f32x4_raw(wv.x);
                 let w1 = e2m1x4_to_f32x4_raw(wv.x >> 16);
@@ -353,21 +415,50 @@ pub fn gdn_in_proj_nvfp4(
                 s += w3.y * x3.y;
                 s += w3.z * x3.z;
                 s += w3.w * x3.w;
-                acc[r] += s * wscale[j * ROWS + r];
+                acc[r] += s * wscale;
             }
         }
         #[unroll]
         for r in 0..ROWS {
             acc[r] = warp_sum(acc[r]);
         }
-    }
-    // The epilogue: lane 0 takes the warp's ROWS rows; with MMA, lane 4g takes rows g and g + 8.
-    let owner = if MMA == 1 { q == 0 } else { lane_id() == 0 };
-    if row0 < rows && owner {
+        // The epilogue, lane 0 for the warp's ROWS rows, on the operands loaded before the wait.
         #[unroll]
         for r in 0..ROWS {
-            let row = if MMA == 1 { row0 + g + 8 * r } else { row0 + r };
-            if (MMA == 0 || r < 2) && row < rows {
+            let row = row0 + r;
+            let mut t = [0.0; 8];
+            #[unroll]
+            for k in 0..8 {
+                t[k] = shfl(operand, 8 * r + k);
+            }
+            if lane_id() == 0 && row < rows {
+                if row < conv_dim {
+                    // Tap 3 meets the current input, tap 0 the oldest.
+                    let u = acc[r] * t[7];
+                    let mut s = t[3] * u;
+                    s += t[0] * t[4];
+                    s += t[1] * t[5];
+                    s += t[2] * t[6];
+                    conv_hist[row] = t[5];
+                    conv_hist[conv_dim + row] = t[6];
+                    conv_hist[2 * conv_dim + row] = u;
+                    proj[row] = silu(s);
+                } else if row < conv_dim + z_dim {
+                    proj[row] = acc[r] * t[7];
+                } else if row < conv_dim + z_dim + heads {
+                    proj[row] = sigmoid(acc[r] * t[7]);
+                } else {
+                    proj[row] = exp(-exp(t[0]) * softplus(acc[r] * t[7] + t[1]));
+                }
+            }
+        }
+    }
+    // The tensor-core path's epilogue: lane 4g takes rows g and g + 8.
+    if MMA == 1 && row0 < rows && q == 0 {
+        #[unroll]
+        for r in 0..ROWS {
+            let row = row0 + g + 8 * r;
+            if r < 2 && row < rows {
                 if row < conv_dim {
                     let u = acc[r] * scale2[0];
                     let h0 = conv_hist[row];
