@@ -109,6 +109,11 @@ pub struct Summary {
     pub instructions: usize,
     /// Global loads by their SASS form (`LDG.E.NA.64`, `LDG.E.U8.CONSTANT`, ...), in first-seen order.
     pub loads: Vec<(String, usize)>,
+    /// Every opcode (its name before the first `.`: `LOP3`, `FFMA`, `IMAD`) with its count, the
+    /// most frequent first (ties in first-seen order). A static count: it says what a kernel's
+    /// unrolled loop is made of, and so how many instructions an element costs where the issue
+    /// rate bounds it (BENCHMARKS.md, step section, session 29), not how often each runs.
+    pub opcodes: Vec<(String, usize)>,
     /// The map, one letter an event in program order (see [`Summary::LEGEND`]).
     pub order: String,
 }
@@ -124,6 +129,7 @@ impl Summary {
 pub fn summarise(sass: &str) -> Summary {
     let mut instructions = 0;
     let mut loads: Vec<(String, usize)> = Vec::new();
+    let mut opcodes: Vec<(String, usize)> = Vec::new();
     let mut order = String::new();
     for line in sass.lines() {
         // Instruction lines: `/*0060*/  [@P0] OPCODE operands ;`
@@ -143,12 +149,10 @@ pub fn summarise(sass: &str) -> Summary {
         }
         instructions += 1;
         let base = op.split('.').next().unwrap_or(op);
+        count(&mut opcodes, base);
         let letter = match base {
             "LDG" => {
-                match loads.iter_mut().find(|(o, _)| o == op) {
-                    Some((_, n)) => *n += 1,
-                    None => loads.push((op.to_owned(), 1)),
-                }
+                count(&mut loads, op);
                 Some(if op.contains(".64") || op.contains(".128") { 'G' } else { 'g' })
             }
             "ACQBULK" => Some('W'),
@@ -164,7 +168,17 @@ pub fn summarise(sass: &str) -> Summary {
         };
         order.extend(letter);
     }
-    Summary { instructions, loads, order }
+    // Stable: equal counts keep their first-seen order.
+    opcodes.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    Summary { instructions, loads, opcodes, order }
+}
+
+/// One more of `key` in a first-seen-order tally.
+fn count(tally: &mut Vec<(String, usize)>, key: &str) {
+    match tally.iter_mut().find(|(k, _)| k == key) {
+        Some((_, n)) => *n += 1,
+        None => tally.push((key.to_owned(), 1)),
+    }
 }
 
 impl fmt::Display for Summary {
@@ -172,6 +186,8 @@ impl fmt::Display for Summary {
         writeln!(f, "{} instructions", self.instructions)?;
         let loads: Vec<String> = self.loads.iter().map(|(op, n)| format!("{n} {op}")).collect();
         writeln!(f, "global loads: {}", if loads.is_empty() { "none".to_owned() } else { loads.join(", ") })?;
+        let most: Vec<String> = self.opcodes.iter().take(12).map(|(op, n)| format!("{n} {op}")).collect();
+        writeln!(f, "most frequent opcodes: {}", most.join(", "))?;
         writeln!(f, "order: {}", self.order)?;
         write!(f, "  ({})", Self::LEGEND)
     }
@@ -202,6 +218,13 @@ mod tests {
         assert_eq!(s.instructions, 9);
         assert_eq!(s.loads, vec![("LDG.E.NA.64".to_owned(), 2), ("LDG.E.U8.CONSTANT".to_owned(), 1)]);
         assert_eq!(s.order, "GgWGhBX|");
+        let opcodes: Vec<(&str, usize)> = s.opcodes.iter().map(|(o, n)| (o.as_str(), *n)).collect();
+        assert_eq!(
+            opcodes,
+            vec![("LDG", 3), ("LDC", 1), ("ACQBULK", 1), ("HFMA2", 1), ("BAR", 1), ("EXIT", 1), ("BRA", 1)]
+        );
+        assert_eq!(s.opcodes.iter().map(|(_, n)| n).sum::<usize>(), s.instructions);
+        assert!(s.to_string().contains("most frequent opcodes: 3 LDG, 1 LDC, 1 ACQBULK"), "{s}");
     }
 
     #[test]

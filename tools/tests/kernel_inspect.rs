@@ -110,6 +110,17 @@ fn sass_maps_the_loads_or_says_how_to_get_cuobjdump() {
             let wait = order.find('W').expect("the kernel waits on its grid dependency");
             let wide_before = order[..wait].matches('G').count();
             assert!(wide_before >= 32, "the codes' loads come before the wait: {order}");
+            // The opcode tally: counts, most frequent first, the loads among them.
+            let ops = out.lines().find_map(|l| l.strip_prefix("most frequent opcodes: ")).expect("the tally");
+            let counts: Vec<(usize, &str)> = ops
+                .split(", ")
+                .map(|p| {
+                    let (n, op) = p.split_once(' ').expect("count opcode");
+                    (n.parse().expect("a count"), op)
+                })
+                .collect();
+            assert!(counts.windows(2).all(|w| w[0].0 >= w[1].0), "most frequent first: {ops}");
+            assert!(counts.iter().any(|&(n, op)| op == "LDG" && n >= 32), "{ops}");
         }
     }
 }

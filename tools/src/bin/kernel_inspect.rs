@@ -15,8 +15,9 @@ use tools::inspect;
 
 /// Compiles one kernel of the engine with NVRTC, as the engine does at load, and shows what came
 /// out: registers, spills, shared memory and the cubin's size; the emitted CUDA C (--cuda); the
-/// SASS reduced to its global loads and a map of their order against the grid dependency wait,
-/// the barriers and the products (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, or
+/// SASS reduced to its global loads, its most frequent opcodes (a static count: what a loop's
+/// instructions a weight are made of) and a map of the loads' order against the grid dependency
+/// wait, the barriers and the products (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, or
 /// `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` with their bin/ on the PATH). No GPU
 /// is needed. With --out the source, the cubin and the SASS are written to a folder.
 #[derive(Parser, Debug)]
@@ -38,7 +39,7 @@ struct Cli {
     /// Print the emitted CUDA C.
     #[arg(long)]
     cuda: bool,
-    /// Disassemble the cubin and map its loads.
+    /// Disassemble the cubin, count its opcodes and map its loads.
     #[arg(long)]
     sass: bool,
     /// Write <stem>.cu, <stem>.cubin (and <stem>.sass with --sass) into this folder.
