@@ -1,7 +1,7 @@
 //! The prelude's number-format helpers on a GPU, exhaustively against the host decoders: every
 //! FP8 code in every byte position, every 16-bit FP4 quad (the exact decode and the raw one, with
-//! its gap and lift), bf16 rounding of random and special values, and the warp and block
-//! reductions.
+//! its gap and lift, and the raw 16-value dot product against an f32 emulation of its fused
+//! multiply-adds), bf16 rounding of random and special values, and the warp and block reductions.
 
 use engine::cuda::Gpu;
 use flashnext::rng::Rng;
@@ -19,6 +19,7 @@ fn decode_check(
     e2m1_quads: &mut [f32],
     e2m1_raw_quads: &mut [f32],
     e2m1_constants: &mut [f32],
+    raw_dots: &mut [f32],
     e4m3_single: &mut [f32],
     packed: &mut [u32],
     rounded: &mut [bf16],
@@ -46,6 +47,15 @@ fn decode_check(
             e2m1_constants[0] = e2m1_raw_gap();
             e2m1_constants[1] = e2m1_raw_lift();
         }
+        // Word i and word n - 1 - i against 16 of the floats (every 2n-th of them wraps), lifted.
+        let lift = e2m1_raw_lift();
+        let mut xs = [f32x4(0.0, 0.0, 0.0, 0.0); 4];
+        #[unroll]
+        for k in 0..4 {
+            let at = (16 * i + 4 * k) % (2 * n);
+            xs[k] = f32x4(floats[at] * lift, floats[at + 1] * lift, floats[at + 2] * lift, floats[at + 3] * lift);
+        }
+        raw_dots[i] = dot_e2m1x16_raw(u32x2(w, words[n - 1 - i]), xs[0], xs[1], xs[2], xs[3]);
         e4m3_single[i] = codes[i % 256] as f32;
         packed[i] = pack_bf16x2(floats[2 * i], floats[2 * i + 1]);
         rounded[i] = floats[2 * i] as bf16;
@@ -118,10 +128,11 @@ fn number_format_helpers_match_the_host_decoders() {
     let mut q4 = gpu.alloc::<f32>(4 * n).expect("alloc");
     let mut r4 = gpu.alloc::<f32>(4 * n).expect("alloc");
     let mut gap = gpu.alloc::<f32>(2).expect("alloc");
+    let mut dots = gpu.alloc::<f32>(n).expect("alloc");
     let mut s8 = gpu.alloc::<f32>(n).expect("alloc");
     let mut packed = gpu.alloc::<u32>(n).expect("alloc");
     let mut rounded = gpu.alloc::<bf16>(n).expect("alloc");
-    for b in [&mut q8, &mut q4, &mut r4, &mut gap, &mut s8] {
+    for b in [&mut q8, &mut q4, &mut r4, &mut gap, &mut dots, &mut s8] {
         gpu.fill_bytes(b, 0xff).expect("poison");
     }
     gpu.fill_bytes(&mut packed, 0xa5).expect("poison");
@@ -135,6 +146,7 @@ fn number_format_helpers_match_the_host_decoders() {
         e2m1_quads: q4.ptr_mut(),
         e2m1_raw_quads: r4.ptr_mut(),
         e2m1_constants: gap.ptr_mut(),
+        raw_dots: dots.ptr_mut(),
         e4m3_single: s8.ptr_mut(),
         packed: packed.ptr_mut(),
         rounded: rounded.ptr_mut(),
@@ -144,7 +156,8 @@ fn number_format_helpers_match_the_host_decoders() {
     unsafe { k.launch(&gpu, &args) }.expect("launch");
     let (q8, q4, s8) = (gpu.download(&q8).expect("dl"), gpu.download(&q4).expect("dl"), gpu.download(&s8).expect("dl"));
     let (packed, rounded) = (gpu.download(&packed).expect("dl"), gpu.download(&rounded).expect("dl"));
-    let (r4, gaps) = (gpu.download(&r4).expect("dl"), gpu.download(&gap).expect("dl"));
+    let (r4, gaps, dots) =
+        (gpu.download(&r4).expect("dl"), gpu.download(&gap).expect("dl"), gpu.download(&dots).expect("dl"));
     // The raw decode's gap: 2^126 where FP4 is decoded in software (sm_90), 1 where converted;
     // the activations' lift with it: 2^64, or none.
     let (gap, lift) = (gaps[0], gaps[1]);
@@ -171,6 +184,25 @@ fn number_format_helpers_match_the_host_decoders() {
             if !same(raw as f32, want) || raw != f64::from(want) {
                 bad.push(format!("e2m1 raw word {w:#010x} lane {lane}: got {} × gap want {want}", r4[4 * i + lane]));
             }
+        }
+        // The raw dot product: the raw values (checked above) times the lifted floats, one f32
+        // product and 15 fused multiply-adds in order, bit for bit.
+        let pair = [w, words[n - 1 - i]];
+        let mut want = 0.0f32;
+        for k in 0..16 {
+            // Value k: nibble k % 8 of word k / 8; its raw decode is lane k % 4 of the quad that
+            // holds bits 16·((k % 8) / 4) of the word.
+            let word = pair[k / 8] >> (16 * ((k % 8) / 4));
+            let nibble = ((word >> (4 * (k % 4))) & 0xf) as u8;
+            let raw = (f64::from(E2m1x2::decode_nibble(nibble)) / f64::from(gap)) as f32;
+            let x = floats[(16 * i + k) % (2 * n)] * lift;
+            want = if k == 0 { raw * x } else { raw.mul_add(x, want) };
+        }
+        if !same(dots[i], want) {
+            bad.push(format!(
+                "dot_e2m1x16_raw of words {:#010x}, {:#010x}: got {} want {want}",
+                pair[0], pair[1], dots[i]
+            ));
         }
         let want = E4m3((i % 256) as u8).to_f32();
         if !same(s8[i], want) {

@@ -89,6 +89,21 @@ __device__ __forceinline__ float4 e2m1x4_to_float4_raw(unsigned w) {
 // The raw decode has no gap here: activations need no lift.
 __device__ __forceinline__ float e2m1_raw_lift() { return 1.0f; }
 
+// Σ of 16 E2M1 values (two words, element 0 in the low nibble) decoded raw, times 16
+// lifted activations, in order: one f32 product, then fused multiply-adds, written out
+// (`s + a * b` after a product may be contracted around either product). The sum is
+// short by the raw gap over the lift; the caller's block scale carries that back.
+__device__ __forceinline__ float dot_e2m1x16_raw(uint2 w, float4 x0, float4 x1, float4 x2, float4 x3) {
+    const float4 w0 = e2m1x4_to_float4_raw(w.x), w1 = e2m1x4_to_float4_raw(w.x >> 16u);
+    const float4 w2 = e2m1x4_to_float4_raw(w.y), w3 = e2m1x4_to_float4_raw(w.y >> 16u);
+    float s = __fmul_rn(w0.x, x0.x);
+    s = __fmaf_rn(w0.y, x0.y, s); s = __fmaf_rn(w0.z, x0.z, s); s = __fmaf_rn(w0.w, x0.w, s);
+    s = __fmaf_rn(w1.x, x1.x, s); s = __fmaf_rn(w1.y, x1.y, s); s = __fmaf_rn(w1.z, x1.z, s); s = __fmaf_rn(w1.w, x1.w, s);
+    s = __fmaf_rn(w2.x, x2.x, s); s = __fmaf_rn(w2.y, x2.y, s); s = __fmaf_rn(w2.z, x2.z, s); s = __fmaf_rn(w2.w, x2.w, s);
+    s = __fmaf_rn(w3.x, x3.x, s); s = __fmaf_rn(w3.y, x3.y, s); s = __fmaf_rn(w3.z, x3.z, s); s = __fmaf_rn(w3.w, x3.w, s);
+    return s;
+}
+
 // Butterfly sum over the 32 lanes of a warp; every lane gets the total.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -227,28 +242,7 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
                 const float4 four = e4m3x4_to_float4(scale_bits[j / 4u * 4u + r]);
                 const float scale = j % 4u == 0u ? four.x : (j % 4u == 1u ? four.y : (j % 4u == 2u ? four.z : four.w));
                 const float wscale = live ? scale * drop : 0.0f;
-                const uint2 wv = codes[j * 4u + r];
-                const float4 w0 = e2m1x4_to_float4_raw(wv.x);
-                const float4 w1 = e2m1x4_to_float4_raw(wv.x >> 16u);
-                const float4 w2 = e2m1x4_to_float4_raw(wv.y);
-                const float4 w3 = e2m1x4_to_float4_raw(wv.y >> 16u);
-                float s = w0.x * x0.x;
-                s += w0.y * x0.y;
-                s += w0.z * x0.z;
-                s += w0.w * x0.w;
-                s += w1.x * x1.x;
-                s += w1.y * x1.y;
-                s += w1.z * x1.z;
-                s += w1.w * x1.w;
-                s += w2.x * x2.x;
-                s += w2.y * x2.y;
-                s += w2.z * x2.z;
-                s += w2.w * x2.w;
-                s += w3.x * x3.x;
-                s += w3.y * x3.y;
-                s += w3.z * x3.z;
-                s += w3.w * x3.w;
-                acc[r] += s * wscale;
+                acc[r] += dot_e2m1x16_raw(codes[j * 4u + r], x0, x1, x2, x3) * wscale;
             }
         }
         #pragma unroll
@@ -266,14 +260,14 @@ extern "C" __global__ void __launch_bounds__(128) gdn_in_proj_nvfp4(
             if ((threadIdx.x & 31u) == 0u && row_3 < rows) {
                 if (row_3 < conv_dim) {
                     const float u_1 = acc[r] * t[7u];
-                    float s_1 = t[3u] * u_1;
-                    s_1 += t[0u] * t[4u];
-                    s_1 += t[1u] * t[5u];
-                    s_1 += t[2u] * t[6u];
+                    float s = t[3u] * u_1;
+                    s += t[0u] * t[4u];
+                    s += t[1u] * t[5u];
+                    s += t[2u] * t[6u];
                     conv_hist[row_3] = t[5u];
                     conv_hist[conv_dim + row_3] = t[6u];
                     conv_hist[2u * conv_dim + row_3] = u_1;
-                    proj[row_3] = silu(s_1);
+                    proj[row_3] = silu(s);
                 } else if (row_3 < conv_dim + z_dim) {
                     proj[row_3] = acc[r] * t[7u];
                 } else if (row_3 < conv_dim + z_dim + heads) {

@@ -77,6 +77,11 @@ pub enum Intrinsic {
     E2m1x4ToF32x4Raw,
     /// The factor `e2m1x4_to_f32x4_raw` leaves out (an f32 constant of the target).
     E2m1RawGap,
+    /// `dot_e2m1x16_raw(w, x0, x1, x2, x3)`: Σ of 16 E2M1 values (`u32x2`, element 0 in the low
+    /// nibble) decoded raw (`e2m1x4_to_f32x4_raw`) times 16 lifted f32 activations (`x0` the
+    /// first four), in order: an f32 product and 15 fused multiply-adds, the sum short by the gap
+    /// over the lift as the kernel's own products would be.
+    DotE2m1x16Raw,
     /// The power of two a kernel multiplies its activations by before products with raw values
     /// (an f32 constant of the target): 2^64 where the gap is 2^126, so that the products stay
     /// normal f32 for |w·x| ≥ 2^-64 and |x| < 2^64; 1 where there is no gap. Its sums then carry
@@ -208,6 +213,7 @@ impl Intrinsic {
             "e2m1x4_to_f32x4" => plain(Intrinsic::E2m1x4ToF32x4),
             "e2m1x4_to_f32x4_raw" => plain(Intrinsic::E2m1x4ToF32x4Raw),
             "e2m1_raw_gap" => plain(Intrinsic::E2m1RawGap),
+            "dot_e2m1x16_raw" => plain(Intrinsic::DotE2m1x16Raw),
             "e2m1_raw_lift" => plain(Intrinsic::E2m1RawLift),
             "dot_e2m1x16" => plain(Intrinsic::DotE2m1x16),
             "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
@@ -431,6 +437,13 @@ impl Intrinsic {
                 want(2, x)?;
                 sig(vec![w, x, x], f32)
             }
+            I::DotE2m1x16Raw => {
+                arity(5)?;
+                let (w, x) = (Type::Vector(Vector::U32x2), Type::Vector(Vector::F32x4));
+                want(0, w)?;
+                (1..5).try_for_each(|i| want(i, x))?;
+                sig(vec![w, x, x, x, x], f32)
+            }
             I::StageE2m1x8 => {
                 arity(2)?;
                 let v = Type::Vector(Vector::F32x4);
@@ -581,6 +594,7 @@ impl Intrinsic {
             I::E2m1x4ToF32x4Raw | I::E2m1RawGap => &[Helper::E2m1x4ToFloat4Raw],
             I::E2m1RawLift => &[Helper::E2m1RawLift],
             I::DotE2m1x16 => &[Helper::DotE2m1x16],
+            I::DotE2m1x16Raw => &[Helper::DotE2m1x16Raw],
             I::StageE2m1x8 => &[Helper::StageE2m1x8],
             I::E2m1x8ToF16x8 => &[Helper::E2m1x8ToF16x8],
             I::MmaF16 => &[Helper::MmaF16],

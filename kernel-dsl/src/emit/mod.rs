@@ -740,6 +740,7 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::E2m1RawGap => "e2m1_raw_gap()".into(),
         I::E2m1RawLift => "e2m1_raw_lift()".into(),
         I::DotE2m1x16 => join("dot_e2m1x16"),
+        I::DotE2m1x16Raw => join("dot_e2m1x16_raw"),
         I::StageE2m1x8 => join("stage_e2m1_x8"),
         I::E2m1x8ToF16x8 => join("e2m1x8_to_f16x8"),
         I::MmaF16 => join("mma_f16_16x8x16"),

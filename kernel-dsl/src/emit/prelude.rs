@@ -23,6 +23,7 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "e2m1x4_to_float4_raw",
     "e2m1_raw_gap",
     "e2m1_raw_lift",
+    "dot_e2m1x16_raw",
     "hfma2",
     "pack_f16x2",
     "e2m1x8_to_f16x2",
@@ -73,6 +74,7 @@ pub enum Helper {
     E4m3x4ToFloat4,
     E2m1x4ToFloat4Raw,
     E2m1RawLift,
+    DotE2m1x16Raw,
     E2m1x4ToFloat4,
     Hfma2,
     PackF16x2,
@@ -112,6 +114,7 @@ impl Helper {
             H::E4m3x4ToFloat4 => &[H::F16x2ToFloat2],
             H::E2m1x4ToFloat4Raw => &[H::F16x2ToFloat2],
             H::E2m1x4ToFloat4 => &[H::E2m1x4ToFloat4Raw],
+            H::DotE2m1x16Raw => &[H::E2m1x4ToFloat4Raw],
             H::DotBf16x4 | H::DotBf16x8 => &[H::Bf16x2ToFloat2],
             H::DotE2m1x16 => &[H::Hfma2, H::E2m1x8ToF16x2, H::F16x2ToFloat2],
             H::StageE2m1x8 => &[H::PackF16x2],
@@ -281,6 +284,22 @@ impl Helper {
                 "// What a kernel multiplies its activations by before products with raw values, 2^64:\n\
                  // the products stay normal f32 for |w·x| >= 2^-64 and |x| < 2^64.\n\
                  __device__ __forceinline__ float e2m1_raw_lift() { return __uint_as_float(0x5f800000u); }\n"
+            }
+            H::DotE2m1x16Raw => {
+                "// Σ of 16 E2M1 values (two words, element 0 in the low nibble) decoded raw, times 16\n\
+                 // lifted activations, in order: one f32 product, then fused multiply-adds, written out\n\
+                 // (`s + a * b` after a product may be contracted around either product). The sum is\n\
+                 // short by the raw gap over the lift; the caller's block scale carries that back.\n\
+                 __device__ __forceinline__ float dot_e2m1x16_raw(uint2 w, float4 x0, float4 x1, float4 x2, float4 x3) {\n\
+                 \x20   const float4 w0 = e2m1x4_to_float4_raw(w.x), w1 = e2m1x4_to_float4_raw(w.x >> 16u);\n\
+                 \x20   const float4 w2 = e2m1x4_to_float4_raw(w.y), w3 = e2m1x4_to_float4_raw(w.y >> 16u);\n\
+                 \x20   float s = __fmul_rn(w0.x, x0.x);\n\
+                 \x20   s = __fmaf_rn(w0.y, x0.y, s); s = __fmaf_rn(w0.z, x0.z, s); s = __fmaf_rn(w0.w, x0.w, s);\n\
+                 \x20   s = __fmaf_rn(w1.x, x1.x, s); s = __fmaf_rn(w1.y, x1.y, s); s = __fmaf_rn(w1.z, x1.z, s); s = __fmaf_rn(w1.w, x1.w, s);\n\
+                 \x20   s = __fmaf_rn(w2.x, x2.x, s); s = __fmaf_rn(w2.y, x2.y, s); s = __fmaf_rn(w2.z, x2.z, s); s = __fmaf_rn(w2.w, x2.w, s);\n\
+                 \x20   s = __fmaf_rn(w3.x, x3.x, s); s = __fmaf_rn(w3.y, x3.y, s); s = __fmaf_rn(w3.z, x3.z, s); s = __fmaf_rn(w3.w, x3.w, s);\n\
+                 \x20   return s;\n\
+                 }\n"
             }
             H::E2m1x4ToFloat4 => {
                 "// Four e2m1 nibbles (the low 16 bits of w, element 0 in the low nibble) to four f32, exact:\n\

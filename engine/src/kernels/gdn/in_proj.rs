@@ -394,28 +394,7 @@ pub fn gdn_in_proj_nvfp4(
                     four.w
                 };
                 let wscale = if live { scale * drop } else { 0.0 };
-                let wv = codes[j * ROWS + r];
-                let w0 = e2m1x4_to_f32x4_raw(wv.x);
-                let w1 = e2m1x4_to_f32x4_raw(wv.x >> 16);
-                let w2 = e2m1x4_to_f32x4_raw(wv.y);
-                let w3 = e2m1x4_to_f32x4_raw(wv.y >> 16);
-                let mut s = w0.x * x0.x;
-                s += w0.y * x0.y;
-                s += w0.z * x0.z;
-                s += w0.w * x0.w;
-                s += w1.x * x1.x;
-                s += w1.y * x1.y;
-                s += w1.z * x1.z;
-                s += w1.w * x1.w;
-                s += w2.x * x2.x;
-                s += w2.y * x2.y;
-                s += w2.z * x2.z;
-                s += w2.w * x2.w;
-                s += w3.x * x3.x;
-                s += w3.y * x3.y;
-                s += w3.z * x3.z;
-                s += w3.w * x3.w;
-                acc[r] += s * wscale;
+                acc[r] += dot_e2m1x16_raw(codes[j * ROWS + r], x0, x1, x2, x3) * wscale;
             }
         }
         #[unroll]
