@@ -21,12 +21,12 @@ use engine::model::nvfp4::Nvfp4Matrix;
 use flashnext::bench::{Recorder, Sample, Unit, capture_chain, percentile};
 use flashnext::rng::{Rng, to_f32};
 use half::bf16;
-use kernel_dsl::{E2m1x2, E4m3, KernelDef, TileSet};
+use kernel_dsl::{E2m1x2, KernelDef, TileSet};
 
 /// One weight format's copies of W.
 enum Weights {
     Bf16(Vec<DeviceBuffer<bf16>>),
-    Nvfp4 { packed: Vec<DeviceBuffer<E2m1x2>>, scales: Vec<DeviceBuffer<E4m3>>, scale2: DeviceBuffer<f32> },
+    Nvfp4 { packed: Vec<DeviceBuffer<E2m1x2>>, scales: Vec<DeviceBuffer<u8>>, scale2: DeviceBuffer<f32> },
 }
 
 struct Buffers {
@@ -48,7 +48,8 @@ fn weights(gpu: &Gpu, rng: &mut Rng, rows: usize, cols: usize, nvfp4: bool) -> W
     }
     let m = Nvfp4Matrix::quantise(&to_f32(&w), rows, cols);
     let packed: Vec<E2m1x2> = m.packed.iter().map(|&b| E2m1x2(b)).collect();
-    let scales: Vec<E4m3> = m.scales.iter().map(|&b| E4m3(b)).collect();
+    // The kernel reads the e4m3 block scales as their bits.
+    let scales: Vec<u8> = m.scales.clone();
     let n = copies(gpu, packed.len() + scales.len());
     Weights::Nvfp4 {
         packed: (0..n).map(|_| gpu.upload(&packed).expect("upload codes")).collect(),
@@ -164,16 +165,23 @@ fn cases() -> Vec<Case> {
         ("mma split2", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 2, ..n })),
         ("mma split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 4, unroll: 2, ..n })),
         ("mma split8", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 8, unroll: 2, ..n })),
-        (
-            "mma w2 split4",
-            Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 2, k_split: 4, unroll: 2, early: 0 }),
-        ),
-        (
-            "mma w8 split4",
-            Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 8, k_split: 4, unroll: 2, early: 0 }),
-        ),
+        ("mma w2 split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 2, k_split: 4, unroll: 2, ..n })),
+        ("mma w8 split4", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, warps: 8, k_split: 4, unroll: 2, ..n })),
         ("mma split4 unroll1", Tiles::Nvfp4(gemv_nvfp4::Tiles { lanes: 2, mma: 1, k_split: 4, unroll: 1, ..n })),
     ];
+    // The row path (a block's warps share ROWS rows and split their columns, every weight load
+    // in flight at once, no split-K tail), each fitting WARPS × STEPS with its loads after the
+    // wait and before it (EARLY); those that do not fit a shape are reported and left out.
+    let mut nvfp4_variants = nvfp4_variants;
+    for (warps, steps) in [(2, 3), (4, 2), (4, 3), (8, 1), (8, 2)] {
+        for rows in [2, 4] {
+            for early in [0, 8] {
+                let label = format!("rows{rows} w{warps} steps{steps}{}", if early > 0 { " early" } else { "" });
+                let tiles = gemv_nvfp4::Tiles { rows, warps, steps, early, ..n };
+                nvfp4_variants.push((String::leak(label), Tiles::Nvfp4(tiles)));
+            }
+        }
+    }
     let with = |bf16: Vec<(&'static str, Tiles)>| bf16.into_iter().chain(nvfp4_variants.clone()).collect();
     vec![
         Case {

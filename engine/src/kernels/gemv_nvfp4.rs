@@ -12,6 +12,19 @@
 
 use kernel_macros::kernel;
 
+/// The row path at the tiles the step runs GDN's out_proj and QSA's o_proj (2560 × 6144) with:
+/// two rows a block of four warps, three steps of 512 values a warp, the weights loaded before
+/// the wait. NVIDIA H200, 2026-12-01 (BENCHMARKS.md, gemv_nvfp4 section): 5.63 µs a launch alone
+/// against 6.73 split four ways, the step 1.7% faster at 1k and 32k, ahead of four rows a block,
+/// eight warps, or the loads after the wait.
+pub const ROW_PATH: gemv_nvfp4::Tiles =
+    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 1, unroll: 4, mma: 0, early: 8, rows: 2, steps: 3 };
+
+/// The split path's tiles for a wide matrix the row path does not fit: 16 lanes a row, K split
+/// four ways so that 2560 rows fill the SMs (H200: 6.83 µs against 14.48 unsplit).
+pub const SPLIT_PATH: gemv_nvfp4::Tiles =
+    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 4, unroll: 4, mma: 0, early: 0, rows: 0, steps: 3 };
+
 /// y = W·x for W in ModelOpt's NVFP4 layout (`packed` [rows, cols / 2], the even column in the
 /// low nibble; `scales` e4m3 [rows, cols / 16]) and a bf16 vector x [cols]; f32 sums, y rounded
 /// to bf16. W may be up to four matrices of `cols` columns stacked, each quantised with its own
@@ -35,6 +48,17 @@ use kernel_macros::kernel;
 /// q's block sum, which it scales by its block scale. The f16x2 dot path issues about 4.2
 /// instructions a weight on sm_90 (SASS of the default tiles), this one about 2.8.
 ///
+/// ROWS > 0 takes the row path, for wide matrices (GDN's out_proj and QSA's o_proj, 2560 ×
+/// 6144): a block's WARPS warps share its ROWS rows and split their columns, lane t of the block
+/// taking values 16t + 512·WARPS·j in step j of STEPS (cols ≤ 512·WARPS·STEPS). Every code and
+/// block scale of a lane is loaded at once (before the grid dependency wait with EARLY > 0), x
+/// is read where it is (bf16, L1 after the first warp), the products are f32 on the raw decode
+/// (`dot_e2m1x16_raw`, as `gdn_in_proj_nvfp4`'s), and the warps' sums meet in shared memory in
+/// warp order: no staging pass, no barrier before the first product, no split-K tail. The split
+/// path's block is a chain of round trips (x staged, its weights in UNROLL batches, the partials
+/// and the counter); this one has one. H200, 2026-12-01: 5.5 to 5.7 µs a launch against 6.7 for
+/// the split path (BENCHMARKS.md), bound by instruction issue now (about six a weight).
+///
 /// EARLY = 8 (the f32-sum path) issues a lane's first eight steps of codes and block scales
 /// before the grid dependency wait: the weights do not depend on the predecessor, so while it
 /// ends they are on their way. In the H200 step's timeline (BENCHMARKS.md, step section, session
@@ -43,7 +67,8 @@ use kernel_macros::kernel;
 /// own loads met these), so the default stays 0 and the QSA plan asks for 8.
 #[kernel(
     block = 32 * WARPS,
-    grid = (div_ceil(rows, 32 * WARPS / LANES), K_SPLIT),
+    // A block owns 32·WARPS / LANES rows, or ROWS on the row path.
+    grid = (div_ceil(rows, if ROWS == 0 { 32 * WARPS / LANES } else { ROWS }), K_SPLIT),
     require(
         32 % LANES == 0,
         cols % (K_SPLIT * 16 * LANES) == 0,
@@ -56,6 +81,13 @@ use kernel_macros::kernel;
         MMA == 0 || cols % (K_SPLIT * 128 * UNROLL) == 0,
         // The early steps are the f32-sum path's; the tensor-core path has none.
         MMA == 0 || EARLY == 0,
+        // The row path takes only ROWS, WARPS, STEPS and EARLY; the others keep their defaults
+        // (one tile set each), and STEPS is only its.
+        ROWS == 0 || (MMA == 0 && K_SPLIT == 1 && LANES == 16 && UNROLL == 4),
+        ROWS > 0 || STEPS == 3,
+        // A block's lanes cover the columns in STEPS steps of 512 a warp, none wholly past the end.
+        ROWS == 0 || cols <= 512 * WARPS * STEPS,
+        ROWS == 0 || cols > 512 * WARPS * (STEPS - 1),
     ),
 )]
 pub fn gemv_nvfp4(
@@ -65,8 +97,11 @@ pub fn gemv_nvfp4(
     #[tile(default = 4, candidates = [1, 2, 4])] UNROLL: u32,
     #[tile(default = 0, candidates = [0, 1])] MMA: u32,
     #[tile(default = 0, candidates = [0, 8])] EARLY: u32,
+    #[tile(default = 0, candidates = [0, 2, 4])] ROWS: u32,
+    #[tile(default = 3, candidates = [1, 2, 3])] STEPS: u32,
     packed: &[e2m1x2],
-    scales: &[e4m3],
+    // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
+    scales: &[u8],
     scale2: &[f32],
     x: &[bf16],
     y: &mut [bf16],
@@ -96,7 +131,7 @@ pub fn gemv_nvfp4(
     let early_row = min(row, rows - 1);
     let mut early_codes = [u32x2(0, 0); EARLY + 1];
     let mut early_scales = [scales[0]; EARLY + 1];
-    if MMA == 0 {
+    if MMA == 0 && ROWS == 0 {
         #[unroll]
         for j in 0..EARLY {
             let c = k_begin + min(lane * 16 + j * 16 * LANES, k_len - 16);
@@ -104,14 +139,50 @@ pub fn gemv_nvfp4(
             early_scales[j] = scales[early_row * (cols / 16) + c / 16];
         }
     }
-    grid_dependency_wait();
+    // The row path's weights: lane t of the block takes values 16t + 512·WARPS·j of each of the
+    // block's ROWS rows in step j, all loaded at once (columns past the end load the last block
+    // and weigh zero below, rows past the end load the last row and write nothing), before the
+    // wait with EARLY > 0, after it otherwise. The block scales wait as their bits, a row's STEPS
+    // in one word (step j in byte j).
+    let row_base = block_idx() * ROWS;
+    let mut row_codes = [u32x2(0, 0); ROWS * STEPS + 1];
+    let mut row_scales = [0u32; ROWS + 1];
+    if ROWS > 0 && EARLY == 0 {
+        grid_dependency_wait();
+    }
+    if ROWS > 0 {
+        #[unroll]
+        for j in 0..STEPS {
+            let c = min(thread_idx() * 16 + 512 * WARPS * j, cols - 16);
+            #[unroll]
+            for r in 0..ROWS {
+                let at = min(row_base + r, rows - 1);
+                row_codes[j * ROWS + r] = load_early::<u32x2>(packed, at * (cols / 2) + c / 2);
+            }
+        }
+        #[unroll]
+        for j in 0..STEPS {
+            let c = min(thread_idx() * 16 + 512 * WARPS * j, cols - 16);
+            #[unroll]
+            for r in 0..ROWS {
+                let at = min(row_base + r, rows - 1);
+                row_scales[r] |= (scales[at * (cols / 16) + c / 16] as u32) << (8 * j);
+            }
+        }
+    }
+    if ROWS == 0 || EARLY > 0 {
+        grid_dependency_wait();
+    }
 
     // The block's slice of x: eight words (eight f16 pairs) per 16-value chunk, divided by the
     // chunk's largest magnitude so that the f16 products cannot overflow, and that magnitude.
     // MMA: [segment][word j][lane q] four words each (the f16 pairs of lane q's word j in the
     // decode's order), and each segment's scale back.
-    let xs = shared::<u32, 4096>();
-    let xsc = shared::<f32, 512>();
+    // The row path stages none (one element each, so that it keeps its occupancy).
+    let xs = shared::<u32, { if ROWS == 0 { 4096 } else { 1 } }>();
+    let xsc = shared::<f32, { if ROWS == 0 { 512 } else { 1 } }>();
+    // The row path's per-warp sums of its rows, [warp][row].
+    let red = shared::<f32, { ROWS * WARPS + 1 }>();
     if MMA == 1 {
         // Eight values a thread; a segment's 16 threads are one half of a warp (k_len / 8 is a
         // multiple of 16, the stride of 32), whose lanes all take part in the shuffles.
@@ -122,7 +193,7 @@ pub fn gemv_nvfp4(
             nvfp4_mma_stage(load_vec::<u32x4>(x, k_begin + (if valid { i } else { 0 }) * 8), xs, xsc, i, valid);
         }
     }
-    if MMA == 0 {
+    if MMA == 0 && ROWS == 0 {
         for chunk in (thread_idx()..k_len / 16).step_by(32 * WARPS) {
             let lo = load_vec::<u32x4>(x, k_begin + chunk * 16);
             let hi = load_vec::<u32x4>(x, k_begin + chunk * 16 + 8);
@@ -159,7 +230,73 @@ pub fn gemv_nvfp4(
             xsc[chunk] = m;
         }
     }
-    sync_threads();
+    if ROWS == 0 {
+        sync_threads();
+    }
+
+    if ROWS > 0 {
+        // f32 products of the raw decode (no multiply a value to put it at scale) with x lifted,
+        // so that they stay normal f32; each block scale carries the rest of the gap. All powers
+        // of two: the sums round as the exact decode's would. x comes straight from global
+        // memory (L1 after the first warp), a lane's 16 values a step for all its rows.
+        let lift = e2m1_raw_lift();
+        let drop = e2m1_raw_gap() / lift;
+        let mut acc = [0.0; ROWS + 1];
+        #[unroll]
+        for j in 0..STEPS {
+            let c = thread_idx() * 16 + 512 * WARPS * j;
+            let at = min(c, cols - 16);
+            let lo = load_vec::<u32x4>(x, at);
+            let hi = load_vec::<u32x4>(x, at + 8);
+            let (a, b, e, f) =
+                (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
+            let x0 = f32x4(a.x * lift, a.y * lift, b.x * lift, b.y * lift);
+            let x1 = f32x4(e.x * lift, e.y * lift, f.x * lift, f.y * lift);
+            let (a, b, e, f) =
+                (bf16x2_to_f32x2(hi.x), bf16x2_to_f32x2(hi.y), bf16x2_to_f32x2(hi.z), bf16x2_to_f32x2(hi.w));
+            let x2 = f32x4(a.x * lift, a.y * lift, b.x * lift, b.y * lift);
+            let x3 = f32x4(e.x * lift, e.y * lift, f.x * lift, f.y * lift);
+            #[unroll]
+            for r in 0..ROWS {
+                let four = e4m3x4_to_f32x4(row_scales[r]);
+                let scale = if j == 0 {
+                    four.x
+                } else if j == 1 {
+                    four.y
+                } else {
+                    four.z
+                };
+                let wscale = if c < cols { scale * drop } else { 0.0 };
+                acc[r] += dot_e2m1x16_raw(row_codes[j * ROWS + r], x0, x1, x2, x3) * wscale;
+            }
+        }
+        // Each row's sum over the warp, then over the block's warps in warp order.
+        #[unroll]
+        for r in 0..ROWS {
+            acc[r] = warp_sum(acc[r]);
+            if lane_id() == 0 {
+                red[warp_id() * ROWS + r] = acc[r];
+            }
+        }
+        sync_threads();
+        let mine = row_base + thread_idx();
+        if thread_idx() < ROWS && mine < rows {
+            let mut sum = 0.0;
+            for w in 0..WARPS {
+                sum += red[w * ROWS + thread_idx()];
+            }
+            let m = if mine < seg1 {
+                0
+            } else if mine < seg2 {
+                1
+            } else if mine < seg3 {
+                2
+            } else {
+                3
+            };
+            y[mine] = (sum * scale2[m]) as bf16;
+        }
+    }
 
     if MMA == 1 {
         // Rows g and g + 8 of the warp's 16; lane q of the row's four. Rows past the end read the
@@ -184,10 +321,10 @@ pub fn gemv_nvfp4(
                 let col = k_begin + (s0 + u) * 128 + 32 * q;
                 wa_u[u] = load_stream::<u32x4>(packed, l0 * (cols / 2) + col / 2);
                 wb_u[u] = load_stream::<u32x4>(packed, l1 * (cols / 2) + col / 2);
-                sc_u[4 * u] = scales[l0 * (cols / 16) + col / 16] as f32;
-                sc_u[4 * u + 1] = scales[l0 * (cols / 16) + col / 16 + 1] as f32;
-                sc_u[4 * u + 2] = scales[l1 * (cols / 16) + col / 16] as f32;
-                sc_u[4 * u + 3] = scales[l1 * (cols / 16) + col / 16 + 1] as f32;
+                sc_u[4 * u] = e4m3x4_to_f32x4(scales[l0 * (cols / 16) + col / 16] as u32).x;
+                sc_u[4 * u + 1] = e4m3x4_to_f32x4(scales[l0 * (cols / 16) + col / 16 + 1] as u32).x;
+                sc_u[4 * u + 2] = e4m3x4_to_f32x4(scales[l1 * (cols / 16) + col / 16] as u32).x;
+                sc_u[4 * u + 3] = e4m3x4_to_f32x4(scales[l1 * (cols / 16) + col / 16 + 1] as u32).x;
             }
             #[unroll]
             for u in 0..UNROLL {
@@ -232,10 +369,11 @@ pub fn gemv_nvfp4(
         }
     }
     // A group past the last row sums nothing but still takes part in the warp's shuffles (with
-    // MMA every row is written above).
-    let active = row < rows && MMA == 0;
+    // MMA or ROWS every row is written above).
+    let active = row < rows && MMA == 0 && ROWS == 0;
     let mut acc = 0.0;
-    if active {
+    // The tiles first, so that the row path's specialisation drops these reads of the staging.
+    if MMA == 0 && ROWS == 0 && active {
         // The early steps, then the rest streamed: the same steps in the same order.
         #[unroll]
         for j in 0..EARLY {
@@ -244,7 +382,8 @@ pub fn gemv_nvfp4(
                 let at = c / 2;
                 let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
                 let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
-                acc += dot_e2m1x16(early_codes[j], xa, xb) * ((early_scales[j] as f32) * xsc[c / 16]);
+                let ws = e4m3x4_to_f32x4(early_scales[j] as u32).x;
+                acc += dot_e2m1x16(early_codes[j], xa, xb) * (ws * xsc[c / 16]);
             }
         }
         #[unroll(UNROLL)]
@@ -254,16 +393,18 @@ pub fn gemv_nvfp4(
             let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
             let col = k_begin + c;
             let wv = load_stream::<u32x2>(packed, row * (cols / 2) + col / 2);
-            let ws = scales[row * (cols / 16) + col / 16] as f32;
+            let ws = e4m3x4_to_f32x4(scales[row * (cols / 16) + col / 16] as u32).x;
             acc += dot_e2m1x16(wv, xa, xb) * (ws * xsc[c / 16]);
         }
     }
     // The group's sum: offsets below LANES stay inside the group.
-    #[unroll]
-    for i in 0..5 {
-        let offset = 16 >> i;
-        if offset < LANES {
-            acc += shfl_xor(acc, offset);
+    if ROWS == 0 {
+        #[unroll]
+        for i in 0..5 {
+            let offset = 16 >> i;
+            if offset < LANES {
+                acc += shfl_xor(acc, offset);
+            }
         }
     }
     // The row's matrix's global scale (a row past the end reads none).

@@ -500,7 +500,9 @@ mod tests {
         use engine::kernels::gemv_nvfp4::gemv_nvfp4;
         let cfg = ModelConfig::published();
         let plan = StepPlan::new(&cfg, Formats::NVFP4, 32_768).expect("plan");
-        let (_, start) = plan.gdn.expect("GDN");
+        let (_, plan_start) = plan.gdn.expect("GDN");
+        // From the split path: the descent's moves below are among its tile sets.
+        let start = GdnTiles { out_proj_nvfp4: engine::kernels::gemv_nvfp4::SPLIT_PATH, ..plan_start };
         let unit = plan.units(132).gdn.expect("gdn unit");
         assert_eq!(unit.format, "nvfp4");
         let names: Vec<_> = unit.knobs.iter().map(|k| (k.name, k.kernel)).collect();
@@ -516,9 +518,13 @@ mod tests {
         assert_eq!(bf16.knobs[2].kernel, "gemv_bf16");
 
         let verdicts = shape_verdicts(&unit, start, "out_proj");
-        // The f16x2 path's LANES × WARPS × K_SPLIT × UNROLL × EARLY, and the tensor-core path's
-        // (LANES 2, EARLY 0).
-        assert_eq!(verdicts.len(), 3 * 3 * 4 * 3 * 2 + 3 * 4 * 3, "every declared tile set of gemv_nvfp4");
+        // The f16x2 path's LANES × WARPS × K_SPLIT × UNROLL × EARLY, the tensor-core path's
+        // (LANES 2, EARLY 0), and the row path's ROWS × WARPS × STEPS × EARLY.
+        assert_eq!(
+            verdicts.len(),
+            3 * 3 * 4 * 3 * 2 + 3 * 4 * 3 + 2 * 3 * 3 * 2,
+            "every declared tile set of gemv_nvfp4"
+        );
         let best = gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..start.out_proj_nvfp4 };
         let best_text = engine::tuned::tiles_string(&best);
         assert!(verdicts.contains(&(best_text.clone(), true)), "{verdicts:?}");
@@ -602,7 +608,9 @@ mod tests {
         use engine::kernels::gemv_nvfp4::gemv_nvfp4;
         let cfg = ModelConfig::published();
         let plan = StepPlan::new(&cfg, Formats::NVFP4, 32_768).expect("plan");
-        let (_, start) = plan.qsa.expect("QSA");
+        let (_, plan_start) = plan.qsa.expect("QSA");
+        // From the split path: the descent's moves below are among its tile sets.
+        let start = QsaTiles { o_proj_nvfp4: engine::kernels::gemv_nvfp4::SPLIT_PATH, ..plan_start };
         let unit = plan.units(132).qsa.expect("qsa unit");
         assert_eq!(unit.format, "nvfp4");
         let gemvs: Vec<_> =
@@ -614,7 +622,14 @@ mod tests {
             bf16.knobs.iter().filter(|k| k.kernel.starts_with("gemv_")).map(|k| (k.name, k.kernel)).collect();
         assert_eq!(gemvs, [("in_proj", "gemv_bf16"), ("o_proj", "gemv_bf16")]);
 
-        let in_best = gemv_nvfp4::Tiles { lanes: 32, warps: 8, k_split: 1, unroll: 2, mma: 0, early: 8 };
+        let in_best = gemv_nvfp4::Tiles {
+            lanes: 32,
+            warps: 8,
+            k_split: 1,
+            unroll: 2,
+            early: 8,
+            ..<gemv_nvfp4::Tiles as kernel_dsl::TileSet>::DEFAULT
+        };
         let o_best = gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..start.o_proj_nvfp4 };
         for (name, best) in [("in_proj", in_best), ("o_proj", o_best)] {
             let v = shape_verdicts(&unit, start, name);
@@ -625,7 +640,14 @@ mod tests {
         let mut h = Fake {
             unit: &unit,
             cost: |t: &QsaTiles| {
-                let in_proj = gemv_nvfp4::Tiles { lanes: 32, warps: 8, k_split: 1, unroll: 2, mma: 0, early: 8 };
+                let in_proj = gemv_nvfp4::Tiles {
+                    lanes: 32,
+                    warps: 8,
+                    k_split: 1,
+                    unroll: 2,
+                    early: 8,
+                    ..<gemv_nvfp4::Tiles as kernel_dsl::TileSet>::DEFAULT
+                };
                 let o = (t.o_proj_nvfp4.warps, t.o_proj_nvfp4.k_split, t.o_proj_nvfp4.lanes, t.o_proj_nvfp4.unroll);
                 (if t.in_proj_nvfp4 == in_proj { 9.0 } else { 10.65 }) + if o == (8, 4, 16, 4) { 6.66 } else { 6.90 }
             },
