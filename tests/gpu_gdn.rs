@@ -315,19 +315,25 @@ fn gdn_published_shape_with_nvfp4_out_proj_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("gdn published nvfp4 out_proj");
     // The plain GEMV paths (out_proj with the norm in its prologue has no NVFP4 kernel), at the
-    // defaults and at every split of out_proj's GEMV that fits.
+    // defaults (the row path), at every split of the split path that fits, and at other tiles
+    // of the row path (two and four rows a block, the weights loaded after the wait and before).
     let mut tiles = Vec::new();
     for norm_at in [NormAt::DeltaRuleBlock, NormAt::StateUpdate] {
         let base = GdnTiles { norm_at, ..GdnTiles::default() };
         tiles.push(base);
-        for k_split in [1, 2, 8] {
-            let t = GdnTiles { out_proj_nvfp4: gemv_nvfp4::Tiles { k_split, ..base.out_proj_nvfp4 }, ..base };
+        let at = |out_proj_nvfp4| GdnTiles { out_proj_nvfp4, ..base };
+        let defaults = gemv_nvfp4::Tiles::DEFAULT;
+        let split_path = engine::kernels::gemv_nvfp4::SPLIT_PATH;
+        let splits = [1, 2, 4, 8].map(|k_split| at(gemv_nvfp4::Tiles { k_split, ..split_path }));
+        let rows = [(2, 0), (4, 0), (4, 8)]
+            .map(|(rows, early)| at(gemv_nvfp4::Tiles { rows, early, warps: 4, steps: 3, ..defaults }));
+        for t in splits.into_iter().chain(rows) {
             if t.check_out_proj_nvfp4(PUBLISHED).is_ok() {
                 tiles.push(t);
             }
         }
     }
-    assert!(tiles.len() >= 6, "{tiles:?}");
+    assert!(tiles.len() >= 14, "{tiles:?}");
     case_with(&gpu, &mut rng, PUBLISHED, true, true, &tiles);
 }
 

@@ -387,9 +387,11 @@ impl Default for GdnTiles {
             // out_proj is 2560 × 6144: split K four ways so its 320 row tiles fill the SMs
             // (H200, benches/gdn.rs: 10.5 µs against 15.1 µs unsplit).
             out_proj: gemv_bf16::Tiles { k_split: 4, ..TileSet::DEFAULT },
-            // The same split in NVFP4 (H200, benches/gemv_nvfp4.rs: 6.83 µs against 14.48
-            // unsplit and 10.22 for the bf16 GEMV).
-            out_proj_nvfp4: gemv_nvfp4::Tiles { k_split: 4, ..TileSet::DEFAULT },
+            // NVFP4: the row path, two rows a block of four warps that split the 6144 columns,
+            // the weights loaded before the wait (H200, 2026-12-01: 5.63 µs alone against 6.73
+            // split four ways, and the step 1.7% faster; BENCHMARKS.md, gemv_nvfp4 section).
+            // Shapes it does not fit fall back to the split path (`fitting`).
+            out_proj_nvfp4: crate::kernels::gemv_nvfp4::ROW_PATH,
         }
     }
 }
@@ -493,7 +495,9 @@ impl GdnTiles {
             t.out_proj = pick::<gemv_bf16::Kernel>(&a.out_proj, tries(d.out_proj), out_ok)?;
             // NVFP4 out_proj is optional: a shape none of its tiles cover keeps the default, and
             // `check_out_proj_nvfp4` refuses it where NVFP4 is asked for.
-            if let Some(n) = pick::<gemv_nvfp4::Kernel>(&a.out_proj_nvfp4, tries(d.out_proj_nvfp4), out_ok) {
+            let mut nvfp4_tries = tries(d.out_proj_nvfp4);
+            nvfp4_tries.insert(1, crate::kernels::gemv_nvfp4::SPLIT_PATH);
+            if let Some(n) = pick::<gemv_nvfp4::Kernel>(&a.out_proj_nvfp4, nvfp4_tries, out_ok) {
                 t.out_proj_nvfp4 = n;
             }
         } else {

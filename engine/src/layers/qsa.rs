@@ -435,7 +435,8 @@ impl Default for QsaTiles {
             // Its weights' first steps loaded before the wait: behind the mix site's short
             // up-projection they land while it ends (14.8 → 10.4 µs a launch in the H200 step).
             in_proj_nvfp4: gemv_nvfp4::Tiles { warps: 8, early: 8, ..TileSet::DEFAULT },
-            o_proj_nvfp4: gemv_nvfp4::Tiles { k_split: 4, ..TileSet::DEFAULT },
+            // The row path, as GDN's out_proj of the same shape (its tiles say why).
+            o_proj_nvfp4: crate::kernels::gemv_nvfp4::ROW_PATH,
         }
     }
 }
@@ -470,10 +471,14 @@ impl QsaTiles {
                 tiles.k_split /= 2;
             }
         }
-        // NVFP4: lower the split, then the lanes a row (16 values each), until the shape fits;
-        // one that never fits keeps the default and `check_nvfp4` refuses it.
+        // NVFP4: the row path where it fits; else lower the split, then the lanes a row (16
+        // values each), until the shape fits; one that never fits keeps the default and
+        // `check_nvfp4` refuses it.
         for (tiles, args) in [(&mut t.in_proj_nvfp4, &a.in_proj_nvfp4), (&mut t.o_proj_nvfp4, &a.o_proj_nvfp4)] {
-            let mut v = *tiles;
+            if gemv_nvfp4::Kernel::launch_dims(tiles, args).is_ok() {
+                continue;
+            }
+            let mut v = if tiles.rows > 0 { crate::kernels::gemv_nvfp4::SPLIT_PATH } else { *tiles };
             while gemv_nvfp4::Kernel::launch_dims(&v, args).is_err() && (v.k_split > 1 || v.lanes > 8) {
                 if v.k_split > 1 { v.k_split /= 2 } else { v.lanes /= 2 }
             }

@@ -419,7 +419,7 @@ mod tests {
     }
 
     /// The NVFP4 plan runs GDN's out_proj through `gemv_nvfp4`, and its unit tunes those tiles
-    /// (`out_proj_nvfp4`): an entry with the bench's best set (8 warps, split 4) is taken; an entry
+    /// (`out_proj_nvfp4`): an entry with a set of its split path (8 warps, split 4) is taken; an entry
     /// of the tables written when the unit's out_proj was the bf16 GEMV (the same `gdn nvfp4` key)
     /// is reported stale and the plan keeps its tiles; a plan with GDN's input projection alone in
     /// NVFP4 has a key of its own, whose out_proj is the bf16 GEMV.
@@ -435,7 +435,8 @@ mod tests {
         assert_eq!(gu.format, "nvfp4");
         let out = gu.knobs.iter().find(|k| k.name == "out_proj").expect("out_proj knob");
         assert_eq!(out.kernel, "gemv_nvfp4");
-        let best = tuned::tiles_string(&gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..gdn_tiles.out_proj_nvfp4 });
+        let split_path = crate::kernels::gemv_nvfp4::SPLIT_PATH;
+        let best = tuned::tiles_string(&gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..split_path });
         assert!(out.choices.contains(&best), "{best} among {:?}", out.choices);
         let mut t = gdn_tiles;
         assert!(out.set(&mut t, &best));
