@@ -151,6 +151,8 @@ pub fn gemv_nvfp4(
         grid_dependency_wait();
     }
     if ROWS > 0 {
+        // Two passes over the same steps: every code load issues before the first OR below
+        // waits on its scale byte.
         #[unroll]
         for j in 0..STEPS {
             let c = min(thread_idx() * 16 + 512 * WARPS * j, cols - 16);
