@@ -906,5 +906,12 @@ mod tests {
                 assert_eq!(t.norm_at, norm_at);
             }
         }
+        // out_proj's NVFP4 GEMV: the row path at the published width; at 384 columns, where its
+        // steps do not fit, the split path.
+        let published = GdnTiles::fitting(PUBLISHED, true, NormAt::DeltaRuleBlock).expect("fitting tiles");
+        assert_eq!(published.out_proj_nvfp4, crate::kernels::gemv_nvfp4::ROW_PATH);
+        let t = GdnTiles::fitting(small, true, NormAt::DeltaRuleBlock).expect("fitting tiles");
+        assert_eq!(t.out_proj_nvfp4.rows, 0);
+        t.check_out_proj_nvfp4(small).expect("the split path fits");
     }
 }

@@ -1001,6 +1001,14 @@ mod tests {
         assert_eq!(QsaTiles::fitting(gqa3).attention.warps, 2);
         assert_eq!(QsaTiles::fitting(gqa3).o_proj.k_split, 1);
         assert_eq!(QsaTiles::fitting(tiny).o_proj.k_split, 4);
+        // o_proj's NVFP4 GEMV: the row path at the published width, the split path where the
+        // row path's columns do not fit (tiny's 1,024), lowered until it fits.
+        assert_eq!(QsaTiles::fitting(PUBLISHED).o_proj_nvfp4, crate::kernels::gemv_nvfp4::ROW_PATH);
+        for sh in [tiny, gqa3] {
+            let t = QsaTiles::fitting(sh);
+            assert_eq!(t.o_proj_nvfp4.rows, 0, "{sh:?}");
+            t.check_nvfp4(sh).unwrap_or_else(|e| panic!("{sh:?}: {e}"));
+        }
     }
 
     #[test]
