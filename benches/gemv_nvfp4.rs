@@ -48,12 +48,11 @@ fn weights(gpu: &Gpu, rng: &mut Rng, rows: usize, cols: usize, nvfp4: bool) -> W
     }
     let m = Nvfp4Matrix::quantise(&to_f32(&w), rows, cols);
     let packed: Vec<E2m1x2> = m.packed.iter().map(|&b| E2m1x2(b)).collect();
-    // The kernel reads the e4m3 block scales as their bits.
-    let scales: Vec<u8> = m.scales.clone();
-    let n = copies(gpu, packed.len() + scales.len());
+    let n = copies(gpu, packed.len() + m.scales.len());
     Weights::Nvfp4 {
         packed: (0..n).map(|_| gpu.upload(&packed).expect("upload codes")).collect(),
-        scales: (0..n).map(|_| gpu.upload(&scales).expect("upload scales")).collect(),
+        // The kernel reads the e4m3 block scales as their bits.
+        scales: (0..n).map(|_| gpu.upload(&m.scales).expect("upload scales")).collect(),
         scale2: gpu.upload(&[m.scale_2]).expect("upload scale"),
     }
 }

@@ -322,11 +322,9 @@ fn gdn_published_shape_with_nvfp4_out_proj_matches_the_reference() {
         let base = GdnTiles { norm_at, ..GdnTiles::default() };
         tiles.push(base);
         let at = |out_proj_nvfp4| GdnTiles { out_proj_nvfp4, ..base };
-        let defaults = gemv_nvfp4::Tiles::DEFAULT;
-        let split_path = engine::kernels::gemv_nvfp4::SPLIT_PATH;
+        let (row_path, split_path) = (engine::kernels::gemv_nvfp4::ROW_PATH, engine::kernels::gemv_nvfp4::SPLIT_PATH);
         let splits = [1, 2, 4, 8].map(|k_split| at(gemv_nvfp4::Tiles { k_split, ..split_path }));
-        let rows = [(2, 0), (4, 0), (4, 8)]
-            .map(|(rows, early)| at(gemv_nvfp4::Tiles { rows, early, warps: 4, steps: 3, ..defaults }));
+        let rows = [(2, 0), (4, 0), (4, 8)].map(|(rows, early)| at(gemv_nvfp4::Tiles { rows, early, ..row_path }));
         for t in splits.into_iter().chain(rows) {
             if t.check_out_proj_nvfp4(PUBLISHED).is_ok() {
                 tiles.push(t);

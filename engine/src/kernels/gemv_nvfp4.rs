@@ -57,7 +57,7 @@ pub const SPLIT_PATH: gemv_nvfp4::Tiles =
 /// warp order: no staging pass, no barrier before the first product, no split-K tail. The split
 /// path's block is a chain of round trips (x staged, its weights in UNROLL batches, the partials
 /// and the counter); this one has one. H200, 2026-12-01: 5.5 to 5.7 µs a launch against 6.7 for
-/// the split path (BENCHMARKS.md), bound by instruction issue now (about six a weight).
+/// the split path (BENCHMARKS.md), bound by instruction issue now (about seven a weight).
 ///
 /// EARLY = 8 (the f32-sum path) issues a lane's first eight steps of codes and block scales
 /// before the grid dependency wait: the weights do not depend on the predecessor, so while it
