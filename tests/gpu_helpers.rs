@@ -1,7 +1,8 @@
 //! The prelude's number-format helpers on a GPU, exhaustively against the host decoders: every
 //! FP8 code in every byte position, every 16-bit FP4 quad (the exact decode and the raw one, with
 //! its gap and lift, and the raw 16-value dot product against an f32 emulation of its fused
-//! multiply-adds), bf16 rounding of random and special values, and the warp and block reductions.
+//! multiply-adds), the int8 dot of 16 FP4 values and the int8 packing against exact integer
+//! arithmetic, bf16 rounding of random and special values, and the warp and block reductions.
 
 use engine::cuda::Gpu;
 use flashnext::rng::Rng;
@@ -59,6 +60,17 @@ fn decode_check(
         e4m3_single[i] = codes[i % 256] as f32;
         packed[i] = pack_bf16x2(floats[2 * i], floats[2 * i + 1]);
         rounded[i] = floats[2 * i] as bf16;
+    }
+}
+
+/// The int8 helpers: word i and word n - 1 - i of codes against four int8 words, and four floats
+/// packed to int8.
+#[kernel(block = 256, grid = div_ceil(n, 256))]
+fn int8_check(words: &[u32], q: &[u32x4], floats: &[f32x4], dots: &mut [i32], packed: &mut [u32], n: u32) {
+    let i = block_idx() * 256 + thread_idx();
+    if i < n {
+        dots[i] = dot_e2m1x16_i8(u32x2(words[i], words[n - 1 - i]), q[i]);
+        packed[i] = pack_i8x4(floats[i]);
     }
 }
 
@@ -215,6 +227,74 @@ fn number_format_helpers_match_the_host_decoders() {
         }
         if !same(rounded[i].to_f32(), lo.to_f32()) {
             bad.push(format!("{} as bf16: got {} want {lo}", floats[2 * i], rounded[i]));
+        }
+    }
+    assert!(bad.is_empty(), "{} mismatches, first ones:\n{}", bad.len(), bad[..bad.len().min(12)].join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn int8_dot_and_packing_match_the_host() {
+    let gpu: Gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("int8");
+    let n = 1usize << 16;
+    // Every 16-bit pattern in the low half of the first word (all FP4 quads, -0 among them).
+    let words: Vec<u32> = (0..n as u32).map(|i| i | ((i.wrapping_mul(40503) & 0xffff) << 16)).collect();
+    // Random int8 activations over the whole range, -128 included.
+    let q: Vec<[u32; 4]> = (0..n).map(|_| std::array::from_fn(|_| rng.next_u64() as u32)).collect();
+    // Floats around the int8 range: halfway cases, values past ±127, small ones.
+    let mut floats: Vec<[f32; 4]> =
+        (0..n).map(|_| std::array::from_fn(|_| rng.normal() * 2f32.powi((rng.uniform() * 9.0) as i32 - 1))).collect();
+    floats[0] = [0.5, 1.5, 2.5, -0.5];
+    floats[1] = [-1.5, -2.5, 126.5, -126.5];
+    floats[2] = [127.4, 127.5, 300.0, -1e9];
+    floats[3] = [-0.0, 0.0, 1e-30, -127.6];
+    let (dw, dq, df) =
+        (gpu.upload(&words).expect("upload"), gpu.upload(&q).expect("upload"), gpu.upload(&floats).expect("upload"));
+    let mut dots = gpu.alloc::<i32>(n).expect("alloc");
+    let mut packed = gpu.alloc::<u32>(n).expect("alloc");
+    gpu.fill_bytes(&mut dots, 0xa5).expect("poison");
+    gpu.fill_bytes(&mut packed, 0xa5).expect("poison");
+    let k = gpu.kernel::<int8_check::Kernel>(int8_check::Tiles::DEFAULT).expect("compile");
+    let args = int8_check::Args {
+        words: dw.ptr(),
+        q: dq.ptr(),
+        floats: df.ptr(),
+        dots: dots.ptr_mut(),
+        packed: packed.ptr_mut(),
+        n: n as u32,
+    };
+    // SAFETY: every buffer holds n elements.
+    unsafe { k.launch(&gpu, &args) }.expect("launch");
+    let (dots, packed) = (gpu.download(&dots).expect("dl"), gpu.download(&packed).expect("dl"));
+    let mut bad = Vec::new();
+    for i in 0..n {
+        // Σ 2·value · int8, exact: value k is nibble k % 8 of word k / 8, activation k byte k % 4
+        // of word k / 4.
+        let pair = [words[i], words[n - 1 - i]];
+        let want: i64 = (0..16)
+            .map(|k| {
+                let nibble = ((pair[k / 8] >> (4 * (k % 8))) & 0xf) as u8;
+                let twice = 2.0 * f64::from(E2m1x2::decode_nibble(nibble));
+                let x = (q[i][k / 4] >> (8 * (k % 4))) as u8 as i8;
+                twice as i64 * i64::from(x)
+            })
+            .sum();
+        if i64::from(dots[i]) != want {
+            bad.push(format!(
+                "dot_e2m1x16_i8 of {:#010x}, {:#010x} and {:08x?}: got {} want {want}",
+                pair[0], pair[1], q[i], dots[i]
+            ));
+        }
+        // Round half to even, clamp to ±127.
+        let want: u32 = (0..4)
+            .map(|k| {
+                let v = floats[i][k].round_ties_even().clamp(-127.0, 127.0) as i32 as i8;
+                u32::from(v as u8) << (8 * k)
+            })
+            .sum();
+        if packed[i] != want {
+            bad.push(format!("pack_i8x4({:?}): got {:#010x} want {want:#010x}", floats[i], packed[i]));
         }
     }
     assert!(bad.is_empty(), "{} mismatches, first ones:\n{}", bad.len(), bad[..bad.len().min(12)].join("\n"));

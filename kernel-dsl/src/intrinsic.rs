@@ -82,6 +82,16 @@ pub enum Intrinsic {
     /// first four), in order: an f32 product and 15 fused multiply-adds, the sum short by the gap
     /// over the lift as the kernel's own products would be.
     DotE2m1x16Raw,
+    /// `dot_e2m1x16_i8(w, q)`: Σ of 16 E2M1 values (`u32x2`, element 0 in the low nibble) times
+    /// 16 int8 activations (`u32x4`, element 0 in the low byte), exact, as an i32 that counts each
+    /// value twice (E2M1 values are halves: twice each is an int8). Byte permutes look the values
+    /// up, `dp4a` multiplies: in sm_90 SASS about 29 instructions for the 16 (eight permutes, eight
+    /// dp4a, the shifts and xors that feed them, and moves of a table word), where the f32
+    /// products of the raw decode take about 64.
+    DotE2m1x16I8,
+    /// `pack_i8x4(v)`: four f32 (`f32x4`) rounded to nearest even, clamped to [-127, 127], as
+    /// four int8 in a `u32` (element 0 in the low byte): activations staged for `dot_e2m1x16_i8`.
+    PackI8x4,
     /// The power of two a kernel multiplies its activations by before products with raw values
     /// (an f32 constant of the target): 2^64 where the gap is 2^126, so that the products stay
     /// normal f32 for |w·x| ≥ 2^-64 and |x| < 2^64; 1 where there is no gap. Its sums then carry
@@ -214,6 +224,8 @@ impl Intrinsic {
             "e2m1x4_to_f32x4_raw" => plain(Intrinsic::E2m1x4ToF32x4Raw),
             "e2m1_raw_gap" => plain(Intrinsic::E2m1RawGap),
             "dot_e2m1x16_raw" => plain(Intrinsic::DotE2m1x16Raw),
+            "dot_e2m1x16_i8" => plain(Intrinsic::DotE2m1x16I8),
+            "pack_i8x4" => plain(Intrinsic::PackI8x4),
             "e2m1_raw_lift" => plain(Intrinsic::E2m1RawLift),
             "dot_e2m1x16" => plain(Intrinsic::DotE2m1x16),
             "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
@@ -444,6 +456,19 @@ impl Intrinsic {
                 (1..5).try_for_each(|i| want(i, x))?;
                 sig(vec![w, x, x, x, x], f32)
             }
+            I::DotE2m1x16I8 => {
+                arity(2)?;
+                let (w, q) = (Type::Vector(Vector::U32x2), Type::Vector(Vector::U32x4));
+                want(0, w)?;
+                want(1, q)?;
+                sig(vec![w, q], Type::I32)
+            }
+            I::PackI8x4 => {
+                arity(1)?;
+                let v = Type::Vector(Vector::F32x4);
+                want(0, v)?;
+                sig(vec![v], u32)
+            }
             I::StageE2m1x8 => {
                 arity(2)?;
                 let v = Type::Vector(Vector::F32x4);
@@ -595,6 +620,8 @@ impl Intrinsic {
             I::E2m1RawLift => &[Helper::E2m1RawLift],
             I::DotE2m1x16 => &[Helper::DotE2m1x16],
             I::DotE2m1x16Raw => &[Helper::DotE2m1x16Raw],
+            I::DotE2m1x16I8 => &[Helper::DotE2m1x16I8],
+            I::PackI8x4 => &[Helper::PackI8x4],
             I::StageE2m1x8 => &[Helper::StageE2m1x8],
             I::E2m1x8ToF16x8 => &[Helper::E2m1x8ToF16x8],
             I::MmaF16 => &[Helper::MmaF16],

@@ -741,6 +741,8 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::E2m1RawLift => "e2m1_raw_lift()".into(),
         I::DotE2m1x16 => join("dot_e2m1x16"),
         I::DotE2m1x16Raw => join("dot_e2m1x16_raw"),
+        I::DotE2m1x16I8 => join("dot_e2m1x16_i8"),
+        I::PackI8x4 => join("pack_i8x4"),
         I::StageE2m1x8 => join("stage_e2m1_x8"),
         I::E2m1x8ToF16x8 => join("e2m1x8_to_f16x8"),
         I::MmaF16 => join("mma_f16_16x8x16"),

@@ -24,6 +24,8 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "e2m1_raw_gap",
     "e2m1_raw_lift",
     "dot_e2m1x16_raw",
+    "dot_e2m1x16_i8",
+    "pack_i8x4",
     "hfma2",
     "pack_f16x2",
     "e2m1x8_to_f16x2",
@@ -75,6 +77,8 @@ pub enum Helper {
     E2m1x4ToFloat4Raw,
     E2m1RawLift,
     DotE2m1x16Raw,
+    DotE2m1x16I8,
+    PackI8x4,
     E2m1x4ToFloat4,
     Hfma2,
     PackF16x2,
@@ -299,6 +303,47 @@ impl Helper {
                  \x20   s = __fmaf_rn(w2.x, x2.x, s); s = __fmaf_rn(w2.y, x2.y, s); s = __fmaf_rn(w2.z, x2.z, s); s = __fmaf_rn(w2.w, x2.w, s);\n\
                  \x20   s = __fmaf_rn(w3.x, x3.x, s); s = __fmaf_rn(w3.y, x3.y, s); s = __fmaf_rn(w3.z, x3.z, s); s = __fmaf_rn(w3.w, x3.w, s);\n\
                  \x20   return s;\n\
+                 }\n"
+            }
+            H::DotE2m1x16I8 => {
+                "// Σ of 16 E2M1 values (two words, element 0 in the low nibble) times 16 int8 activations\n\
+                 // (four words, element 0 in the low byte), exact in i32, each value counted twice itself\n\
+                 // (0, 1, 2, 3, 4, 6, 8, 12: an int8). A byte permute looks the values up with the codes as\n\
+                 // its selector: prmt takes a selector nibble's three low bits as the byte index and its high\n\
+                 // bit (the code's sign) as \"replicate the byte's sign bit\", which for the table's\n\
+                 // non-negative bytes gives 0. So prmt(table, codes) holds the positive values and zeros,\n\
+                 // prmt(table, codes ^ 0x8888) the negative ones' magnitudes and zeros: two dp4a sums,\n\
+                 // subtracted: for 8 values an xor, two shifts, four prmt and four dp4a, on every\n\
+                 // architecture alike.\n\
+                 __device__ __forceinline__ int dot_e2m1x16_i8(uint2 w, uint4 q) {\n\
+                 \x20   const unsigned lo = 0x03020100u, hi = 0x0c080604u;\n\
+                 \x20   const unsigned c[4] = {w.x, w.x >> 16u, w.y, w.y >> 16u};\n\
+                 \x20   const unsigned n[4] = {w.x ^ 0x88888888u, (w.x ^ 0x88888888u) >> 16u, w.y ^ 0x88888888u, (w.y ^ 0x88888888u) >> 16u};\n\
+                 \x20   const unsigned x[4] = {q.x, q.y, q.z, q.w};\n\
+                 \x20   int pos = 0, neg = 0;\n\
+                 #pragma unroll\n\
+                 \x20   for (int i = 0; i < 4; ++i) {\n\
+                 \x20       unsigned p, m;\n\
+                 \x20       asm(\"prmt.b32 %0, %1, %2, %3;\" : \"=r\"(p) : \"r\"(lo), \"r\"(hi), \"r\"(c[i]));\n\
+                 \x20       asm(\"prmt.b32 %0, %1, %2, %3;\" : \"=r\"(m) : \"r\"(lo), \"r\"(hi), \"r\"(n[i]));\n\
+                 \x20       asm(\"dp4a.s32.s32 %0, %1, %2, %0;\" : \"+r\"(pos) : \"r\"(p), \"r\"(x[i]));\n\
+                 \x20       asm(\"dp4a.s32.s32 %0, %1, %2, %0;\" : \"+r\"(neg) : \"r\"(m), \"r\"(x[i]));\n\
+                 \x20   }\n\
+                 \x20   return pos - neg;\n\
+                 }\n"
+            }
+            H::PackI8x4 => {
+                "// Four f32 to four int8 in one word (element 0 in the low byte): rounded to nearest even,\n\
+                 // clamped to [-127, 127] (so that a value and its negation are both representable).\n\
+                 __device__ __forceinline__ unsigned pack_i8x4(float4 v) {\n\
+                 \x20   int a, b, c, d;\n\
+                 \x20   asm(\"cvt.rni.s32.f32 %0, %1;\" : \"=r\"(a) : \"f\"(v.x));\n\
+                 \x20   asm(\"cvt.rni.s32.f32 %0, %1;\" : \"=r\"(b) : \"f\"(v.y));\n\
+                 \x20   asm(\"cvt.rni.s32.f32 %0, %1;\" : \"=r\"(c) : \"f\"(v.z));\n\
+                 \x20   asm(\"cvt.rni.s32.f32 %0, %1;\" : \"=r\"(d) : \"f\"(v.w));\n\
+                 \x20   a = a > 127 ? 127 : (a < -127 ? -127 : a); b = b > 127 ? 127 : (b < -127 ? -127 : b);\n\
+                 \x20   c = c > 127 ? 127 : (c < -127 ? -127 : c); d = d > 127 ? 127 : (d < -127 ? -127 : d);\n\
+                 \x20   return ((unsigned)a & 0xffu) | (((unsigned)b & 0xffu) << 8) | (((unsigned)c & 0xffu) << 16) | ((unsigned)d << 24);\n\
                  }\n"
             }
             H::E2m1x4ToFloat4 => {
