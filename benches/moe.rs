@@ -251,6 +251,11 @@ fn sweep(gpu: &Gpu, launches: &[MoeLaunches], rec: &mut Recorder) {
     for t in down::moe_down_nvfp4::Tiles::candidates() {
         variants.push((Stage::Down, format!("{t:?}"), MoeTiles { down_nvfp4: t, ..base }));
     }
+    // FLASHNEXT_BENCH_SWEEP_ONLY=a|b keeps the tile sets whose label contains a or b.
+    if let Some(only) = std::env::var_os("FLASHNEXT_BENCH_SWEEP_ONLY") {
+        let only = only.to_string_lossy().into_owned();
+        variants.retain(|(_, label, _)| only.split('|').any(|part| label.contains(part)));
+    }
     let mut results: Vec<(Stage, f64, String)> = Vec::new();
     for (stage, label, tiles) in variants {
         if tiles.check(SHAPE).is_err() {

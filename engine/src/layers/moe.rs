@@ -201,13 +201,15 @@ pub struct MoeScratch {
     /// Their routing weights, then the shared expert's gate [top_k + 1].
     pub weights: DeviceBuffer<f32>,
     /// x as the NVFP4 kernels read it: f16 pairs [hidden / 8], each 16-value chunk divided by its
-    /// largest |x| (`x_scale` [hidden / 16]).
+    /// largest |x| (`x_scale` [hidden / 16]), then the chunks in int8 [hidden / 16], times 127
+    /// over that largest |x|.
     pub x_staged: DeviceBuffer<[u32; 4]>,
     pub x_scale: DeviceBuffer<f32>,
     /// SiLU(gate)·up per slot, f32 [top_k + 1, h_stride] (NVFP4 path).
     pub h: DeviceBuffer<f32>,
     /// h as the NVFP4 down kernel reads it: f16 pairs [(top_k + 1)·h_stride / 8], each 16-value
-    /// chunk divided by its largest |h| (`h_scale` [(top_k + 1)·h_stride / 16]).
+    /// chunk divided by its largest |h| (`h_scale` [(top_k + 1)·h_stride / 16]), then the chunks
+    /// in int8 [(top_k + 1)·h_stride / 16], times 127 over that largest |h|.
     pub h_staged: DeviceBuffer<[u32; 4]>,
     pub h_scale: DeviceBuffer<f32>,
     /// SiLU(gate)·up per slot in bf16 (bf16 path).
@@ -222,10 +224,10 @@ impl MoeScratch {
             router_counter: gpu.alloc(1)?,
             ids: gpu.alloc(shape.top_k)?,
             weights: gpu.alloc(slots)?,
-            x_staged: gpu.alloc(shape.hidden / 8)?,
+            x_staged: gpu.alloc(shape.hidden / 8 + shape.hidden / 16)?,
             x_scale: gpu.alloc(shape.hidden / 16)?,
             h: gpu.alloc(slots * shape.h_stride())?,
-            h_staged: gpu.alloc(slots * shape.h_stride() / 8)?,
+            h_staged: gpu.alloc(slots * shape.h_stride() / 8 + slots * shape.h_stride() / 16)?,
             h_scale: gpu.alloc(slots * shape.h_stride() / 16)?,
             h_bf16: gpu.alloc(slots * shape.h_stride())?,
         })

@@ -9,7 +9,10 @@ use kernel_macros::kernel;
 
 /// y[r] = Σ_k weights[k] · down_{ids[k]}[r]·h_k + weights[top_k] · down_shared[r]·h_shared, NVFP4
 /// weights (`scale2` [E + 1]); h as the gate/up kernel staged it (`h_staged`, and `h_scale` per
-/// 16-value chunk, which lines up with the weights' 16-value blocks along a row).
+/// 16-value chunk, which lines up with the weights' 16-value blocks along a row): f16 pairs, or
+/// with I8 the int8 form after them, summed by `dp4a` (`dot_e2m1x16_i8`, as the gate/up kernel's
+/// I8). NVIDIA H200, 2026-12-01: I8 takes the kernel alone from 6.30 to 5.25 µs (2,087 SASS
+/// instructions against 2,560) and the step 1.5% faster, so it is the default.
 ///
 /// A warp owns ROWS output rows. Its lanes split one flat list of tasks, a task being one
 /// 16-value chunk of one slot (the routed slots' chunks, then the shared expert's): lane l takes
@@ -51,6 +54,7 @@ pub fn moe_down_nvfp4(
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 16, candidates = [8, 16, 32])] BATCH: u32,
     #[tile(default = 0, candidates = [0, 2, 4, 6])] MIN_BLOCKS: u32,
+    #[tile(default = true, candidates = [false, true])] I8: bool,
     h_staged: &[u32x4],
     h_scale: &[f32],
     ids: &[u32],
@@ -116,18 +120,29 @@ pub fn moe_down_nvfp4(
     let mut total = [0.0; ROWS];
     #[unroll]
     for j in 0..BATCH {
-        let xa = load_vec::<u32x4>(h_staged, at[j] * 2);
-        let xb = load_vec::<u32x4>(h_staged, at[j] * 2 + 1);
         let hs = h_scale[at[j]];
-        #[unroll]
-        for r in 0..ROWS {
-            let scale = (block_scale[j * ROWS + r] as f32) * factor[j];
-            total[r] += dot_e2m1x16(codes[j * ROWS + r], xa, xb) * (scale * hs);
+        if I8 {
+            // h in int8 after its f16 pairs; the sums are short by 2·127 (put back below).
+            let hq = load_vec::<u32x4>(h_staged, (top_k + 1) * (h_stride / 8) + at[j]);
+            #[unroll]
+            for r in 0..ROWS {
+                let scale = (block_scale[j * ROWS + r] as f32) * factor[j];
+                total[r] += (dot_e2m1x16_i8(codes[j * ROWS + r], hq) as f32) * (scale * hs);
+            }
+        } else {
+            let xa = load_vec::<u32x4>(h_staged, at[j] * 2);
+            let xb = load_vec::<u32x4>(h_staged, at[j] * 2 + 1);
+            #[unroll]
+            for r in 0..ROWS {
+                let scale = (block_scale[j * ROWS + r] as f32) * factor[j];
+                total[r] += dot_e2m1x16(codes[j * ROWS + r], xa, xb) * (scale * hs);
+            }
         }
     }
+    let unit = if I8 { 1.0 / 254.0 } else { 1.0 };
     #[unroll]
     for r in 0..ROWS {
-        total[r] = warp_sum(total[r]);
+        total[r] = warp_sum(total[r]) * unit;
     }
     if lane_id() == 0 {
         #[unroll]
