@@ -10,11 +10,14 @@
 // times 127 over that max. I8 takes the int8 form: the codes are looked up as int8 and summed
 // by `dp4a` (`dot_e2m1x16_i8`), x rounded to 8 bits instead of 11 (an error of up to 1/254 of
 // its chunk's largest value). At the defaults that is 1,351 sm_90 SASS instructions instead of
-// 1,634, and 8.42 µs instead of 9.64 alone on the H200 (2026-12-01); but the step was 0.4 to
-// 1.4% slower with it in every run (BENCHMARKS.md, MoE section), so the default stays f16. A group of LANES lanes takes ROWS rows;
-// per lane and chunk it streams 16 FP4 values (8 bytes) of a gate row and of the matching up row
-// and sums f16 products per 16-value block before scaling by the block's e4m3 scale and x's
-// chunk scale in f32. A lane loads BATCH chunks of codes and scales before it uses the first, so
+// 1,634, and 8.43 µs instead of 9.64 alone on the H200 (2026-12-01); but the step was 0.4 to
+// 1.4% slower with it in every run (BENCHMARKS.md, MoE section, which says what the trace
+// suggests: the down kernel after it would wait longer for its early weight loads), so the
+// default stays f16.
+//
+// A group of LANES lanes takes ROWS rows; per lane and chunk it streams 16 FP4 values (8 bytes)
+// of a gate row and of the matching up row and sums f16 products per 16-value block before
+// scaling by the block's e4m3 scale and x's chunk scale in f32. A lane loads BATCH chunks of codes and scales before it uses the first, so
 // they are in flight together (the published row is 10 chunks a lane at LANES 16, two rounds at
 // the default BATCH 5), and is compiled for MIN_BLOCKS blocks an SM (`__launch_bounds__`): with
 // no bound ptxas budgets 48 registers and moves each load next to its use (17.5 against 9.8 µs

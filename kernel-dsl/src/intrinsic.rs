@@ -85,9 +85,9 @@ pub enum Intrinsic {
     /// `dot_e2m1x16_i8(w, q)`: Σ of 16 E2M1 values (`u32x2`, element 0 in the low nibble) times
     /// 16 int8 activations (`u32x4`, element 0 in the low byte), exact, as an i32 that counts each
     /// value twice (E2M1 values are halves: twice each is an int8). Byte permutes look the values
-    /// up, `dp4a` multiplies: in sm_90 SASS about 29 instructions for the 16 (eight permutes, eight
-    /// dp4a, the shifts and xors that feed them, and moves of a table word), where the f32
-    /// products of the raw decode take about 64.
+    /// up, `dp4a` multiplies: in sm_90 SASS about 30 instructions for the 16 (eight permutes, eight
+    /// dp4a, the shifts and xors that feed them, moves of a table word, the sum to f32), where
+    /// `dot_e2m1x16_raw` takes about 64 (static counts of a loop of each).
     DotE2m1x16I8,
     /// `pack_i8x4(v)`: four f32 (`f32x4`) rounded to nearest even, clamped to [-127, 127], as
     /// four int8 in a `u32` (element 0 in the low byte): activations staged for `dot_e2m1x16_i8`.
