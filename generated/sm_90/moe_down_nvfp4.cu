@@ -5,9 +5,11 @@
 // y[r] = Σ_k weights[k] · down_{ids[k]}[r]·h_k + weights[top_k] · down_shared[r]·h_shared, NVFP4
 // weights (`scale2` [E + 1]); h as the gate/up kernel staged it (`h_staged`, and `h_scale` per
 // 16-value chunk, which lines up with the weights' 16-value blocks along a row): f16 pairs, or
-// with I8 the int8 form after them, summed by `dp4a` (`dot_e2m1x16_i8`, as the gate/up kernel's
-// I8). NVIDIA H200, 2026-12-01: I8 takes the kernel alone from 6.22 to 5.28 µs (2,087 sm_90
-// SASS instructions against 2,560) and the step 1.5% faster, so it is the default.
+// with I8 the int8 form after them (h·127/max|h| rounded), summed by `dp4a`
+// (`dot_e2m1x16_i8`). NVIDIA H200, 2026-12-01: I8 takes the kernel alone from 6.22 to 5.28 µs
+// (2,087 sm_90 SASS instructions against 2,560) and the step 1.5% faster, so it is the default.
+// Its price is h's 8 bits: y within about 7e-3 relative L2 of the reference at the tests' tiny
+// shape (bound 1e-2; BENCHMARKS.md, MoE section), where f16 pairs leave the bf16 rounding of y.
 //
 // A warp owns ROWS output rows. Its lanes split one flat list of tasks, a task being one
 // 16-value chunk of one slot (the routed slots' chunks, then the shared expert's): lane l takes

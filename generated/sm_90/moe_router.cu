@@ -9,8 +9,7 @@
 // [experts, hidden]) or of `shared_gate` (the last row), which do not depend on anything before.
 // After the wait, phase 1 spreads the experts + 1 logits over the grid, a warp each, and every
 // thread of the grid stages at most one 16-value chunk of x as the NVFP4 kernels read it: f16
-// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), then the
-// chunk as int8 times 127 over that max (`x_staged` [hidden/8 ..][hidden/16]), so no
+// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
 // grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 // the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
 // f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax, each
@@ -41,19 +40,6 @@ __device__ __forceinline__ float dot_bf16x8(uint4 a, uint4 b) {
     s = fmaf(a2.y, b2.y, s);
     s = fmaf(a3.x, b3.x, s);
     return fmaf(a3.y, b3.y, s);
-}
-
-// Four f32 to four int8 in one word (element 0 in the low byte): rounded to nearest even,
-// clamped to [-127, 127] (so that a value and its negation are both representable).
-__device__ __forceinline__ unsigned pack_i8x4(float4 v) {
-    int a, b, c, d;
-    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(a) : "f"(v.x));
-    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(b) : "f"(v.y));
-    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(c) : "f"(v.z));
-    asm("cvt.rni.s32.f32 %0, %1;" : "=r"(d) : "f"(v.w));
-    a = a > 127 ? 127 : (a < -127 ? -127 : a); b = b > 127 ? 127 : (b < -127 ? -127 : b);
-    c = c > 127 ? 127 : (c < -127 ? -127 : c); d = d > 127 ? 127 : (d < -127 ? -127 : d);
-    return ((unsigned)a & 0xffu) | (((unsigned)b & 0xffu) << 8) | (((unsigned)c & 0xffu) << 16) | ((unsigned)d << 24);
 }
 
 // Two f32 to two f16 in one word, a in the low half; round to nearest even.
@@ -159,19 +145,13 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
             fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(i.x), fabsf(i.y))));
         const float m = fmaxf(m0, m1);
         const float inv = m > 0.0f ? 1.0f / m : 0.0f;
-        const float4 lo0 = make_float4(a.x * inv, a.y * inv, b.x * inv, b.y * inv);
-        const float4 lo1 = make_float4(c.x * inv, c.y * inv, d.x * inv, d.y * inv);
-        const float4 hi0 = make_float4(f.x * inv, f.y * inv, g.x * inv, g.y * inv);
-        const float4 hi1 = make_float4(h.x * inv, h.y * inv, i.x * inv, i.y * inv);
-        x_staged[chunk * 2u] = stage_e2m1_x8(lo0, lo1);
-        x_staged[chunk * 2u + 1u] = stage_e2m1_x8(hi0, hi1);
+        x_staged[chunk * 2u] = stage_e2m1_x8(
+            make_float4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
+            make_float4(c.x * inv, c.y * inv, d.x * inv, d.y * inv));
+        x_staged[chunk * 2u + 1u] = stage_e2m1_x8(
+            make_float4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
+            make_float4(h.x * inv, h.y * inv, i.x * inv, i.y * inv));
         x_scale[chunk] = m;
-        const float q = 127.0f;
-        x_staged[hidden / 8u + chunk] = make_uint4(
-            pack_i8x4(make_float4(lo0.x * q, lo0.y * q, lo0.z * q, lo0.w * q)),
-            pack_i8x4(make_float4(lo1.x * q, lo1.y * q, lo1.z * q, lo1.w * q)),
-            pack_i8x4(make_float4(hi0.x * q, hi0.y * q, hi0.z * q, hi0.w * q)),
-            pack_i8x4(make_float4(hi1.x * q, hi1.y * q, hi1.z * q, hi1.w * q)));
     }
     if (e < experts) {
         float acc = 0.0f;

@@ -201,8 +201,7 @@ pub struct MoeScratch {
     /// Their routing weights, then the shared expert's gate [top_k + 1].
     pub weights: DeviceBuffer<f32>,
     /// x as the NVFP4 kernels read it: f16 pairs [hidden / 8], each 16-value chunk divided by its
-    /// largest |x| (`x_scale` [hidden / 16]), then the chunks in int8 [hidden / 16], times 127
-    /// over that largest |x|.
+    /// largest |x| (`x_scale` [hidden / 16]).
     pub x_staged: DeviceBuffer<[u32; 4]>,
     pub x_scale: DeviceBuffer<f32>,
     /// SiLU(gate)·up per slot, f32 [top_k + 1, h_stride] (NVFP4 path).
@@ -224,7 +223,7 @@ impl MoeScratch {
             router_counter: gpu.alloc(1)?,
             ids: gpu.alloc(shape.top_k)?,
             weights: gpu.alloc(slots)?,
-            x_staged: gpu.alloc(shape.hidden / 8 + shape.hidden / 16)?,
+            x_staged: gpu.alloc(shape.hidden / 8)?,
             x_scale: gpu.alloc(shape.hidden / 16)?,
             h: gpu.alloc(slots * shape.h_stride())?,
             h_staged: gpu.alloc(slots * shape.h_stride() / 8 + slots * shape.h_stride() / 16)?,

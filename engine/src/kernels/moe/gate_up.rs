@@ -12,18 +12,10 @@ use kernel_macros::kernel;
 /// `scale2` [E + 1, 2] holds each expert's gate and up global scales).
 ///
 /// x comes staged by the router: f16 pairs in this architecture's decode order, each 16-value
-/// chunk divided by its max|x| (`x_scale` [hidden/16]), and after them the same chunks in int8,
-/// times 127 over that max. I8 takes the int8 form: the codes are looked up as int8 and summed
-/// by `dp4a` (`dot_e2m1x16_i8`), x rounded to 8 bits instead of 11 (an error of up to 1/254 of
-/// its chunk's largest value). At the defaults that is 1,351 sm_90 SASS instructions instead of
-/// 1,634, and 8.43 µs instead of 9.64 alone on the H200 (2026-12-01); but the step was 0.4 to
-/// 1.4% slower with it in every run (BENCHMARKS.md, MoE section, which says what the trace
-/// suggests: the down kernel after it would wait longer for its early weight loads), so the
-/// default stays f16.
-///
-/// A group of LANES lanes takes ROWS rows; per lane and chunk it streams 16 FP4 values (8 bytes)
-/// of a gate row and of the matching up row and sums f16 products per 16-value block before
-/// scaling by the block's e4m3 scale and x's chunk scale in f32. A lane loads BATCH chunks of codes and scales before it uses the first, so
+/// chunk divided by its max|x| (`x_scale` [hidden/16]). A group of LANES lanes takes ROWS rows;
+/// per lane and chunk it streams 16 FP4 values (8 bytes) of a gate row and of the matching up row
+/// and sums f16 products per 16-value block before scaling by the block's e4m3 scale and x's
+/// chunk scale in f32. A lane loads BATCH chunks of codes and scales before it uses the first, so
 /// they are in flight together (the published row is 10 chunks a lane at LANES 16, two rounds at
 /// the default BATCH 5), and is compiled for MIN_BLOCKS blocks an SM (`__launch_bounds__`): with
 /// no bound ptxas budgets 48 registers and moves each load next to its use (17.5 against 9.8 µs
@@ -31,9 +23,9 @@ use kernel_macros::kernel;
 /// loads ahead of the products. A block owns TILE = WARPS·(32/LANES)·ROWS consecutive rows of one
 /// slot, a multiple of 16, so it stages its own h for the down projection with no grid-wide step:
 /// f16 pairs per 16-row chunk divided by the chunk's max|h| (`h_staged` [(top_k +
-/// 1)·h_stride/8], `h_scale` [(top_k + 1)·h_stride/16]), then each chunk in int8 times 127 over
-/// that max (`h_staged` [(top_k + 1)·h_stride/8 ..][(top_k + 1)·h_stride/16]); h also goes out
-/// in f32 (`h`, for tests and tools).
+/// 1)·h_stride/8], `h_scale` [(top_k + 1)·h_stride/16]), and after them each chunk in int8,
+/// times 127 over that max (`h_staged` [(top_k + 1)·h_stride/8 ..][(top_k + 1)·h_stride/16]),
+/// for the down kernel's I8 products; h also goes out in f32 (`h`, for tests and tools).
 ///
 /// The kernel overlaps the router (programmatic dependent launch): before the wait only the
 /// shared expert's blocks run, asking L2 for their rows, which do not depend on the route; with
@@ -59,7 +51,6 @@ pub fn moe_gate_up_nvfp4(
     #[tile(default = 5, candidates = [5, 10])] BATCH: u32,
     #[tile(default = 2, candidates = [0, 2, 3])] MIN_BLOCKS: u32,
     #[tile(default = false, candidates = [false, true])] PREFETCH: bool,
-    #[tile(default = false, candidates = [false, true])] I8: bool,
     x_staged: &[u32x4],
     x_scale: &[f32],
     ids: &[u32],
@@ -139,24 +130,13 @@ pub fn moe_gate_up_nvfp4(
             #[unroll]
             for j in 0..BATCH {
                 let c = min(base + 16 * LANES * j, last);
+                let xa = load_vec::<u32x4>(x_staged, c / 8);
+                let xb = load_vec::<u32x4>(x_staged, c / 8 + 1);
                 let xs = if base + 16 * LANES * j < hidden { x_scale[c / 16] } else { 0.0 };
-                if I8 {
-                    // Exact integer dots of the codes with x in int8 (`dot_e2m1x16_i8`); the
-                    // epilogue puts back the 2·127 they are short by.
-                    let xq = load_vec::<u32x4>(x_staged, hidden / 8 + c / 16);
-                    #[unroll]
-                    for r in 0..ROWS {
-                        g_acc[r] += (dot_e2m1x16_i8(gw[j * ROWS + r], xq) as f32) * ((gs[j * ROWS + r] as f32) * xs);
-                        u_acc[r] += (dot_e2m1x16_i8(uw[j * ROWS + r], xq) as f32) * ((us[j * ROWS + r] as f32) * xs);
-                    }
-                } else {
-                    let xa = load_vec::<u32x4>(x_staged, c / 8);
-                    let xb = load_vec::<u32x4>(x_staged, c / 8 + 1);
-                    #[unroll]
-                    for r in 0..ROWS {
-                        g_acc[r] += dot_e2m1x16(gw[j * ROWS + r], xa, xb) * ((gs[j * ROWS + r] as f32) * xs);
-                        u_acc[r] += dot_e2m1x16(uw[j * ROWS + r], xa, xb) * ((us[j * ROWS + r] as f32) * xs);
-                    }
+                #[unroll]
+                for r in 0..ROWS {
+                    g_acc[r] += dot_e2m1x16(gw[j * ROWS + r], xa, xb) * ((gs[j * ROWS + r] as f32) * xs);
+                    u_acc[r] += dot_e2m1x16(uw[j * ROWS + r], xa, xb) * ((us[j * ROWS + r] as f32) * xs);
                 }
             }
         }
@@ -175,10 +155,8 @@ pub fn moe_gate_up_nvfp4(
     }
     let tile_h = shared::<f32, { WARPS * (32 / LANES) * ROWS }>();
     if lane == 0 {
-        // The int8 dots count each weight twice and x times 127 over its chunk scale.
-        let unit = if I8 { 1.0 / 254.0 } else { 1.0 };
-        let g_scale = scale2[expert * 2] * unit;
-        let u_scale = scale2[expert * 2 + 1] * unit;
+        let g_scale = scale2[expert * 2];
+        let u_scale = scale2[expert * 2 + 1];
         #[unroll]
         for r in 0..ROWS {
             let v = if active { silu(g_acc[r] * g_scale) * (u_acc[r] * u_scale) } else { 0.0 };

@@ -9,8 +9,7 @@ use kernel_macros::kernel;
 /// [experts, hidden]) or of `shared_gate` (the last row), which do not depend on anything before.
 /// After the wait, phase 1 spreads the experts + 1 logits over the grid, a warp each, and every
 /// thread of the grid stages at most one 16-value chunk of x as the NVFP4 kernels read it: f16
-/// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), then the
-/// chunk as int8 times 127 over that max (`x_staged` [hidden/8 ..][hidden/16]), so no
+/// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
 /// grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 /// the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
 /// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax, each
@@ -77,22 +76,15 @@ pub fn moe_router(
         );
         let m = max(m0, m1);
         let inv = if m > 0.0 { 1.0 / m } else { 0.0 };
-        let (lo0, lo1) =
-            (f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv), f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv));
-        let (hi0, hi1) =
-            (f32x4(f.x * inv, f.y * inv, g.x * inv, g.y * inv), f32x4(h.x * inv, h.y * inv, i.x * inv, i.y * inv));
-        x_staged[chunk * 2] = stage_e2m1_x8(lo0, lo1);
-        x_staged[chunk * 2 + 1] = stage_e2m1_x8(hi0, hi1);
-        x_scale[chunk] = m;
-        // The same chunk in int8 after the f16 pairs (`x_staged[hidden/8 + chunk]`), for the
-        // experts' dp4a products: (x/max|x|)·127 rounded, so its scale is x_scale / 127.
-        let q = 127.0;
-        x_staged[hidden / 8 + chunk] = u32x4(
-            pack_i8x4(f32x4(lo0.x * q, lo0.y * q, lo0.z * q, lo0.w * q)),
-            pack_i8x4(f32x4(lo1.x * q, lo1.y * q, lo1.z * q, lo1.w * q)),
-            pack_i8x4(f32x4(hi0.x * q, hi0.y * q, hi0.z * q, hi0.w * q)),
-            pack_i8x4(f32x4(hi1.x * q, hi1.y * q, hi1.z * q, hi1.w * q)),
+        x_staged[chunk * 2] = stage_e2m1_x8(
+            f32x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
+            f32x4(c.x * inv, c.y * inv, d.x * inv, d.y * inv),
         );
+        x_staged[chunk * 2 + 1] = stage_e2m1_x8(
+            f32x4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
+            f32x4(h.x * inv, h.y * inv, i.x * inv, i.y * inv),
+        );
+        x_scale[chunk] = m;
     }
 
     // The branch stays outside the loops: a load under a branch inside a loop is not hoisted,
