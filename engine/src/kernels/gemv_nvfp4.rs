@@ -10,6 +10,7 @@
 //! chunk's 16 products are an f16x2 dot (`dot_e2m1x16`: the hardware conversion on sm_121a, the
 //! software decode on sm_90) scaled into an f32 sum.
 
+use kernel_dsl::{KernelDef, LaunchDims};
 use kernel_macros::kernel;
 
 /// The row path at the tiles the step runs GDN's out_proj and QSA's o_proj (2560 × 6144) with:
@@ -24,6 +25,27 @@ pub const ROW_PATH: gemv_nvfp4::Tiles =
 /// four ways so that 2560 rows fill the SMs (H200: 6.83 µs against 14.48 unsplit).
 pub const SPLIT_PATH: gemv_nvfp4::Tiles =
     gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 4, unroll: 4, mma: 0, early: 0, rows: 0, steps: 3 };
+
+/// Tiles that run `args`, starting from `tiles`: those when the launch fits and `ok` accepts
+/// it; else the split path (`SPLIT_PATH` in place of a row-path set, whose columns must fit its
+/// steps), the split halved and then the lanes a row (16 values each, down to 8) until it fits.
+/// None when nothing on that way fits. The layers' plans take their wide projections' tiles
+/// through this one fallback.
+pub fn fitting(
+    tiles: gemv_nvfp4::Tiles,
+    args: &gemv_nvfp4::Args,
+    ok: impl Fn(&LaunchDims) -> bool,
+) -> Option<gemv_nvfp4::Tiles> {
+    let fits = |t: &gemv_nvfp4::Tiles| gemv_nvfp4::Kernel::launch_dims(t, args).is_ok_and(|d| ok(&d));
+    if fits(&tiles) {
+        return Some(tiles);
+    }
+    let mut v = if tiles.rows > 0 { SPLIT_PATH } else { tiles };
+    while !fits(&v) && (v.k_split > 1 || v.lanes > 8) {
+        if v.k_split > 1 { v.k_split /= 2 } else { v.lanes /= 2 }
+    }
+    fits(&v).then_some(v)
+}
 
 /// y = W·x for W in ModelOpt's NVFP4 layout (`packed` [rows, cols / 2], the even column in the
 /// low nibble; `scales` e4m3 [rows, cols / 16]) and a bf16 vector x [cols]; f32 sums, y rounded

@@ -493,11 +493,13 @@ impl GdnTiles {
         }
         if norm_at.plain_out_proj() {
             t.out_proj = pick::<gemv_bf16::Kernel>(&a.out_proj, tries(d.out_proj), out_ok)?;
-            // NVFP4 out_proj is optional: a shape none of its tiles cover keeps the default, and
+            // NVFP4 out_proj: the row path, or the split path lowered until it fits (the GEMV's
+            // own fallback, as QSA's projections take it), else the first candidate that fits.
+            // It is optional: a shape none of its tiles cover keeps the default, and
             // `check_out_proj_nvfp4` refuses it where NVFP4 is asked for.
-            let mut nvfp4_tries = tries(d.out_proj_nvfp4);
-            nvfp4_tries.insert(1, crate::kernels::gemv_nvfp4::SPLIT_PATH);
-            if let Some(n) = pick::<gemv_nvfp4::Kernel>(&a.out_proj_nvfp4, nvfp4_tries, out_ok) {
+            let found = crate::kernels::gemv_nvfp4::fitting(d.out_proj_nvfp4, &a.out_proj_nvfp4, out_ok)
+                .or_else(|| pick::<gemv_nvfp4::Kernel>(&a.out_proj_nvfp4, tries(d.out_proj_nvfp4), out_ok));
+            if let Some(n) = found {
                 t.out_proj_nvfp4 = n;
             }
         } else {

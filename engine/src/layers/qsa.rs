@@ -475,14 +475,7 @@ impl QsaTiles {
         // values each), until the shape fits; one that never fits keeps the default and
         // `check_nvfp4` refuses it.
         for (tiles, args) in [(&mut t.in_proj_nvfp4, &a.in_proj_nvfp4), (&mut t.o_proj_nvfp4, &a.o_proj_nvfp4)] {
-            if gemv_nvfp4::Kernel::launch_dims(tiles, args).is_ok() {
-                continue;
-            }
-            let mut v = if tiles.rows > 0 { crate::kernels::gemv_nvfp4::SPLIT_PATH } else { *tiles };
-            while gemv_nvfp4::Kernel::launch_dims(&v, args).is_err() && (v.k_split > 1 || v.lanes > 8) {
-                if v.k_split > 1 { v.k_split /= 2 } else { v.lanes /= 2 }
-            }
-            if gemv_nvfp4::Kernel::launch_dims(&v, args).is_ok() {
+            if let Some(v) = crate::kernels::gemv_nvfp4::fitting(*tiles, args, |_| true) {
                 *tiles = v;
             }
         }
