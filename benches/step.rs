@@ -30,8 +30,9 @@
 //! each launch (how late it was let in, how long it ran after its wait, beside the median block's
 //! run) and the most blocks a launch put on one SM. Every launch's stamps go to
 //! $OUT/step-trace-<variant>-<context>.jsonl, every block's (SM, start, wait return, end, ns from
-//! the replay's first start) to $OUT/step-blocks-<variant>-<context>.jsonl. The timed lines of
-//! such a run are the traced build's (the stamps' cost is their difference from a plain run).
+//! the replay's first start) to $OUT/step-blocks-<variant>-<context>.jsonl (`<variant>-tuned` for
+//! the tuned tile set's half). The timed lines of such a run are the traced build's (the stamps'
+//! cost is their difference from a plain run).
 //!
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
 //! target/).
@@ -142,7 +143,12 @@ fn main() {
                 let notes = format!("wall per Engine::step {:.3} ms, 1 host wait per token", wall_med * 1e3);
                 rec.record_quietly(what.bytes(bytes as usize).launches(e.launches_per_token()).notes(notes));
                 if e.gpu().traced() {
-                    trace_one_token(&mut e, position, &format!("{variant}-{context}"));
+                    // The tuned half's files beside the default half's, not over them.
+                    let tag = match tiles {
+                        "tuned tiles" => format!("{variant}-tuned-{context}"),
+                        _ => format!("{variant}-{context}"),
+                    };
+                    trace_one_token(&mut e, position, &tag);
                 }
             }
             let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
@@ -156,7 +162,12 @@ fn main() {
                 let what = Sample::median(group, stage.name(), Unit::Token, *t);
                 rec.record_quietly(what.notes(format!("{n} groups, events between groups")));
             }
-            gpu = Some(e.into_gpu());
+            let mut g = e.into_gpu();
+            if g.traced() {
+                // The next tile set's model and captures start from an empty arena.
+                g.trace_forget().expect("trace forget");
+            }
+            gpu = Some(g);
         }
     }
     for &(variant, tiles, context, tuned) in &results {

@@ -136,6 +136,15 @@ impl Gpu {
         self.arena()?.read(self)
     }
 
+    /// Gives every traced launch's slot back, so that a process can trace more launches than one
+    /// arena holds (the step bench's two tile sets, each with its synthetic model's fills and its
+    /// captures). `&mut self`: nothing that holds this GPU, an engine and its graph among them,
+    /// may replay a launch whose slot is gone.
+    pub fn trace_forget(&mut self) -> Result<()> {
+        self.arena()?.forget();
+        Ok(())
+    }
+
     /// The device addresses of a new launch's trace words and of its `blocks` block records, for
     /// `kernel`.
     pub(crate) fn trace_slot(&self, kernel: &str, blocks: usize) -> Result<(u64, u64)> {

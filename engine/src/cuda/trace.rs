@@ -163,6 +163,11 @@ impl Arena {
         Ok((words.ptr().addr() + (slot * WORDS * 8) as u64, records))
     }
 
+    /// Forgets every launch taken so far: the next one takes the first slot again.
+    pub(crate) fn forget(&self) {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Readies the launches' words; the block records are each overwritten by their block.
     pub(crate) fn reset(&self, gpu: &Gpu) -> Result<()> {
         let mut words = self.words.lock().unwrap_or_else(|e| e.into_inner());

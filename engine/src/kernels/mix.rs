@@ -16,7 +16,9 @@
 //! running one is loading weights: with both triggers at the kernels' top, the next kernel and,
 //! through it, the one after started their weight loads and took SM room while the site's
 //! predecessor still ran, and the H200 step was 1.6% slower (2026-12-01, BENCHMARKS.md step
-//! section).
+//! section). In the NVFP4 step launch 1's predecessors let it in only when they end (so that its
+//! blocks find the SMs empty; `moe_down_nvfp4` says why), and `mix_down_nvfp4` then uses nothing
+//! it loads before its wait.
 //!
 //! The residual streams are bf16, as the reference model stores them: the write is
 //! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
@@ -372,6 +374,15 @@ pub fn mix_up_bf16(
 /// wait. Lanes take 16 columns (8 bytes of codes and one block scale a row) per chunk, 512 columns
 /// apart; the codes decode to f32 and meet f32 activations: the only rounding besides the f32
 /// sums is the weights' own.
+///
+/// EARLY_NORM puts `1 + w` into shared memory before the wait, as the bf16 kernel does; without
+/// it (the default) `1 + w` is applied from registers after the wait and nothing loaded before
+/// the wait is used there. In the NVFP4 step 96 of this kernel's 97 launches find their
+/// predecessor ended (`gemv_nvfp4` lets nothing in early, nor does the MoE's down projection), so
+/// the wait returns at once and a norm's round trip before it would only delay the stream's loads
+/// after it.
+/// NVIDIA H200, 2026-12-02, traced step: the norm late takes this kernel's hand-off from 1.60 to
+/// 0.99 µs a launch and its work after the wait from 2.64 to 2.94 (−0.31 µs a launch).
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rank + inject, WARPS * ROWS), n),
@@ -381,6 +392,7 @@ pub fn mix_down_nvfp4(
     #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
     #[tile(default = 5, candidates = [5, 10])] WARPS: u32,
     #[tile(default = 5, candidates = [5])] CHUNKS: u32,
+    #[tile(default = false, candidates = [false, true])] EARLY_NORM: bool,
     residual: &[bf16],
     y: &[bf16],
     gains_prev: &[f32],
@@ -404,7 +416,7 @@ pub fn mix_down_nvfp4(
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
 
     // Before the wait, immutable data only: the norm's pieces this thread stages, the global
-    // scales, then the codes and block scales; `1 + w` goes to shared memory.
+    // scales, then the codes and block scales; with EARLY_NORM `1 + w` goes to shared memory.
     let h = shared::<f32, { 512 * CHUNKS }>();
     let mut nbuf = [u32x4(0, 0, 0, 0); (2 * CHUNKS + WARPS - 1) / WARPS];
     #[unroll]
@@ -438,19 +450,25 @@ pub fn mix_down_nvfp4(
             }
         }
     }
-    #[unroll]
-    for t in 0..(2 * CHUNKS + WARPS - 1) / WARPS {
-        let i = (thread_idx() + t * 32 * WARPS) * 8;
-        if i < d {
-            let wv = nbuf[t];
-            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-            let (a0, a1) = ((1.0 + w0.x) * lift, (1.0 + w0.y) * lift);
-            let (a2, a3) = ((1.0 + w1.x) * lift, (1.0 + w1.y) * lift);
-            let (a4, a5) = ((1.0 + w2.x) * lift, (1.0 + w2.y) * lift);
-            let (a6, a7) = ((1.0 + w3.x) * lift, (1.0 + w3.y) * lift);
-            store_vec(h, i, f32x4(a0, a1, a2, a3));
-            store_vec(h, i + 4, f32x4(a4, a5, a6, a7));
+    if EARLY_NORM {
+        #[unroll]
+        for t in 0..(2 * CHUNKS + WARPS - 1) / WARPS {
+            let i = (thread_idx() + t * 32 * WARPS) * 8;
+            if i < d {
+                let wv = nbuf[t];
+                let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+                let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+                store_vec(
+                    h,
+                    i,
+                    f32x4((1.0 + w0.x) * lift, (1.0 + w0.y) * lift, (1.0 + w1.x) * lift, (1.0 + w1.y) * lift),
+                );
+                store_vec(
+                    h,
+                    i + 4,
+                    f32x4((1.0 + w2.x) * lift, (1.0 + w2.y) * lift, (1.0 + w3.x) * lift, (1.0 + w3.y) * lift),
+                );
+            }
         }
     }
     grid_dependency_wait();
@@ -493,8 +511,18 @@ pub fn mix_down_nvfp4(
             }
             sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
             sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
-            let a = load_vec::<f32x4>(h, i);
-            let b = load_vec::<f32x4>(h, i + 4);
+            let mut a = f32x4(0.0, 0.0, 0.0, 0.0);
+            let mut b = f32x4(0.0, 0.0, 0.0, 0.0);
+            if EARLY_NORM {
+                a = load_vec::<f32x4>(h, i);
+                b = load_vec::<f32x4>(h, i + 4);
+            } else {
+                let wv = nbuf[t];
+                let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+                let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+                a = f32x4((1.0 + w0.x) * lift, (1.0 + w0.y) * lift, (1.0 + w1.x) * lift, (1.0 + w1.y) * lift);
+                b = f32x4((1.0 + w2.x) * lift, (1.0 + w2.y) * lift, (1.0 + w3.x) * lift, (1.0 + w3.y) * lift);
+            }
             store_vec(h, i, f32x4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w));
             store_vec(h, i + 4, f32x4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w));
         }
