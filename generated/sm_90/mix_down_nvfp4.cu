@@ -16,9 +16,8 @@
 // the wait is used there. In the NVFP4 step 96 of this kernel's 97 launches find their
 // predecessor ended (`gemv_nvfp4` lets nothing in early, nor does the MoE's down projection), so
 // the wait returns at once and a norm's round trip before it would only delay the stream's loads
-// after it.
-// NVIDIA H200, 2026-12-02, traced step: the norm late takes this kernel's hand-off from 1.60 to
-// 0.99 µs a launch and its work after the wait from 2.64 to 2.94 (−0.31 µs a launch).
+// after it. NVIDIA H200, 2026-12-02, traced step: the norm late takes this kernel's hand-off from
+// 1.60 to 0.99 µs a launch and its work after the wait from 2.64 to 2.94 (−0.31 µs a launch).
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };

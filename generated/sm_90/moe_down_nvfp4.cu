@@ -28,13 +28,13 @@
 // TRIGGER says when the next kernel may launch: 0 right after the wait, 1 (the default) not
 // before this grid ends. In the step the next kernel is the Gated Residual's down-projection,
 // 132 blocks meant one an SM. Let in after the wait, its blocks found most SMs full (three of
-// these blocks, 165 registers a thread, take an SM's registers) and piled up on the few that the
-// gate/up kernel had left half empty when these blocks were placed: 132 blocks on 38 SMs, three
-// to six on one, each extra block about 1 µs more after the wait (NVIDIA H200 block records,
-// 2026-12-02). Let in at the end, they find every SM empty: one block an SM, and the site after
-// the MoE 1.4 µs shorter although its weights no longer load during this kernel. Bounding the
-// registers to leave room instead (MIN_BLOCKS 4, 128 registers) spills and made the step 3.4%
-// slower.
+// these blocks, 165 registers a thread, take an SM's registers; where they land depends on where
+// the gate/up kernel still ran when they were placed) and piled up on the few SMs that held only
+// one: 132 blocks on 38 SMs, three to six on one, each extra block about 1 µs more after the
+// wait (NVIDIA H200 block records, 2026-12-02). Let in at the end, they find every SM empty: one
+// block an SM, and the site after the MoE 1.4 µs shorter although its weights no longer load
+// during this kernel. Bounding the registers to leave room instead (MIN_BLOCKS 4, 128 registers)
+// spills and made the step 3.4% slower.
 //
 // MIN_BLOCKS is the residency the kernel is compiled for (`__launch_bounds__`, 0 for none): ptxas
 // keeps a batch's loads together only when its register budget holds them. At the defaults (two

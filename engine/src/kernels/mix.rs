@@ -380,9 +380,8 @@ pub fn mix_up_bf16(
 /// the wait is used there. In the NVFP4 step 96 of this kernel's 97 launches find their
 /// predecessor ended (`gemv_nvfp4` lets nothing in early, nor does the MoE's down projection), so
 /// the wait returns at once and a norm's round trip before it would only delay the stream's loads
-/// after it.
-/// NVIDIA H200, 2026-12-02, traced step: the norm late takes this kernel's hand-off from 1.60 to
-/// 0.99 µs a launch and its work after the wait from 2.64 to 2.94 (−0.31 µs a launch).
+/// after it. NVIDIA H200, 2026-12-02, traced step: the norm late takes this kernel's hand-off from
+/// 1.60 to 0.99 µs a launch and its work after the wait from 2.64 to 2.94 (−0.31 µs a launch).
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rank + inject, WARPS * ROWS), n),
