@@ -58,7 +58,8 @@ fn main() {
         ("nvfp4", Formats::NVFP4),
         // The NVFP4 step before GDN's out_proj and QSA's projections had an NVFP4 GEMV.
         ("nvfp4, bf16 GDN out_proj and QSA", Formats { gdn_out_proj: false, qsa: false, ..Formats::NVFP4 }),
-        // On sm_90 the bf16 mix is faster than its NVFP4 (software FP4 decode): the H200's best mix.
+        // bf16 mix weights: on sm_90 (software FP4 decode) the faster mix until session 32, whose
+        // NVFP4 step (3.14 ms/token at 1k) beat this one's last run (3.28, session 24's code).
         ("nvfp4, bf16 mix", Formats { mix: false, ..Formats::NVFP4 }),
         ("nvfp4 experts, bf16 mix/GDN/lm_head", Formats { experts: true, ..Formats::BF16 }),
     ];
