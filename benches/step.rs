@@ -59,7 +59,7 @@ fn main() {
         // The NVFP4 step before GDN's out_proj and QSA's projections had an NVFP4 GEMV.
         ("nvfp4, bf16 GDN out_proj and QSA", Formats { gdn_out_proj: false, qsa: false, ..Formats::NVFP4 }),
         // bf16 mix weights: on sm_90 (software FP4 decode) the faster mix until session 32, whose
-        // NVFP4 step (3.14 ms/token at 1k) beat this one's last run (3.28, session 24's code).
+        // NVFP4 step (3.14 ms/token at 1k) beat this one (3.27 in the same session).
         ("nvfp4, bf16 mix", Formats { mix: false, ..Formats::NVFP4 }),
         ("nvfp4 experts, bf16 mix/GDN/lm_head", Formats { experts: true, ..Formats::BF16 }),
     ];
