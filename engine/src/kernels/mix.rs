@@ -375,13 +375,13 @@ pub fn mix_up_bf16(
 /// apart; the codes decode to f32 and meet f32 activations: the only rounding besides the f32
 /// sums is the weights' own.
 ///
-/// EARLY_NORM puts `1 + w` into shared memory before the wait, as the bf16 kernel does; without
-/// it (the default) `1 + w` is applied from registers after the wait and nothing loaded before
-/// the wait is used there. In the NVFP4 step 96 of this kernel's 97 launches find their
+/// Unlike the bf16 kernel, it applies `1 + w` after the wait, from registers: nothing it loads
+/// before the wait is used there. In the NVFP4 step 96 of this kernel's 97 launches find their
 /// predecessor ended (`gemv_nvfp4` lets nothing in early, nor does the MoE's down projection), so
 /// the wait returns at once and a norm's round trip before it would only delay the stream's loads
-/// after it. NVIDIA H200, 2026-12-02, traced step: the norm late takes this kernel's hand-off from
-/// 1.60 to 0.99 µs a launch and its work after the wait from 2.64 to 2.94 (−0.31 µs a launch).
+/// after it. NVIDIA H200, 2026-12-02 (the earlier form as a tile, since removed): in the traced
+/// step the hand-off 1.60 → 0.99 µs a launch and the work after the wait 2.64 → 2.94 (−0.31 µs);
+/// the site alone 6.46 → 5.78 µs.
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rank + inject, WARPS * ROWS), n),
@@ -391,7 +391,6 @@ pub fn mix_down_nvfp4(
     #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
     #[tile(default = 5, candidates = [5, 10])] WARPS: u32,
     #[tile(default = 5, candidates = [5])] CHUNKS: u32,
-    #[tile(default = false, candidates = [false, true])] EARLY_NORM: bool,
     residual: &[bf16],
     y: &[bf16],
     gains_prev: &[f32],
@@ -415,7 +414,7 @@ pub fn mix_down_nvfp4(
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
 
     // Before the wait, immutable data only: the norm's pieces this thread stages, the global
-    // scales, then the codes and block scales; with EARLY_NORM `1 + w` goes to shared memory.
+    // scales, then the codes and block scales.
     let h = shared::<f32, { 512 * CHUNKS }>();
     let mut nbuf = [u32x4(0, 0, 0, 0); (2 * CHUNKS + WARPS - 1) / WARPS];
     #[unroll]
@@ -446,27 +445,6 @@ pub fn mix_down_nvfp4(
                     wbuf[c * ROWS + r] = load_stream::<u32x2>(packed, v / 2);
                     sbuf[c * ROWS + r] = scales[v / 16] as u32;
                 }
-            }
-        }
-    }
-    if EARLY_NORM {
-        #[unroll]
-        for t in 0..(2 * CHUNKS + WARPS - 1) / WARPS {
-            let i = (thread_idx() + t * 32 * WARPS) * 8;
-            if i < d {
-                let wv = nbuf[t];
-                let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-                let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-                store_vec(
-                    h,
-                    i,
-                    f32x4((1.0 + w0.x) * lift, (1.0 + w0.y) * lift, (1.0 + w1.x) * lift, (1.0 + w1.y) * lift),
-                );
-                store_vec(
-                    h,
-                    i + 4,
-                    f32x4((1.0 + w2.x) * lift, (1.0 + w2.y) * lift, (1.0 + w3.x) * lift, (1.0 + w3.y) * lift),
-                );
             }
         }
     }
@@ -510,18 +488,12 @@ pub fn mix_down_nvfp4(
             }
             sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
             sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
-            let mut a = f32x4(0.0, 0.0, 0.0, 0.0);
-            let mut b = f32x4(0.0, 0.0, 0.0, 0.0);
-            if EARLY_NORM {
-                a = load_vec::<f32x4>(h, i);
-                b = load_vec::<f32x4>(h, i + 4);
-            } else {
-                let wv = nbuf[t];
-                let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-                let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-                a = f32x4((1.0 + w0.x) * lift, (1.0 + w0.y) * lift, (1.0 + w1.x) * lift, (1.0 + w1.y) * lift);
-                b = f32x4((1.0 + w2.x) * lift, (1.0 + w2.y) * lift, (1.0 + w3.x) * lift, (1.0 + w3.y) * lift);
-            }
+            // `1 + w`, lifted (see above), from the norm loaded before the wait.
+            let wv = nbuf[t];
+            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+            let a = f32x4((1.0 + w0.x) * lift, (1.0 + w0.y) * lift, (1.0 + w1.x) * lift, (1.0 + w1.y) * lift);
+            let b = f32x4((1.0 + w2.x) * lift, (1.0 + w2.y) * lift, (1.0 + w3.x) * lift, (1.0 + w3.y) * lift);
             store_vec(h, i, f32x4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w));
             store_vec(h, i + 4, f32x4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w));
         }
