@@ -103,6 +103,13 @@ fn reduce_check(
     }
 }
 
+/// n words (n = 2^16): word i holds i in its low half, so every 16-bit pattern appears there (all
+/// FP4 quads, -0 among them; all FP8 pairs), and an odd multiple of i in its high half, a
+/// permutation of the same patterns.
+fn every_16_bit_pattern(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| i | ((i.wrapping_mul(40503) & 0xffff) << 16)).collect()
+}
+
 fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
@@ -113,8 +120,7 @@ fn number_format_helpers_match_the_host_decoders() {
     let gpu: Gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("decode");
     let n = 1usize << 16;
-    // Low half: every 16-bit pattern (all FP4 quads, all FP8 pairs); high half: a permutation.
-    let words: Vec<u32> = (0..n as u32).map(|i| i | ((i.wrapping_mul(40503) & 0xffff) << 16)).collect();
+    let words = every_16_bit_pattern(n);
     let mut floats: Vec<f32> =
         (0..2 * n).map(|_| rng.normal() * 2f32.powi((rng.uniform() * 60.0) as i32 - 30)).collect();
     // Specials and exact halfway cases of bf16 rounding.
@@ -238,8 +244,7 @@ fn int8_dot_and_packing_match_the_host() {
     let gpu: Gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("int8");
     let n = 1usize << 16;
-    // Every 16-bit pattern in the low half of the first word (all FP4 quads, -0 among them).
-    let words: Vec<u32> = (0..n as u32).map(|i| i | ((i.wrapping_mul(40503) & 0xffff) << 16)).collect();
+    let words = every_16_bit_pattern(n);
     // Random int8 activations over the whole range, -128 included.
     let q: Vec<[u32; 4]> = (0..n).map(|_| std::array::from_fn(|_| rng.next_u64() as u32)).collect();
     // Floats around the int8 range: halfway cases, values past ±127, small ones.
