@@ -37,6 +37,14 @@ fn linear(m: &Nvfp4Matrix) -> Linear {
     Linear { rows: m.rows, cols: m.cols, w: m.dequantise(), bias: None }
 }
 
+/// How the router's rows make its logits.
+#[derive(Clone, Copy, Debug)]
+enum Logits {
+    Random,
+    TiedPairs,
+    AllTied,
+}
+
 /// One block's inputs and weights, on the host.
 struct Block {
     shape: MoeShape,
@@ -56,13 +64,25 @@ impl Block {
         }
     }
 
-    /// Makes expert 2i + 1's router row a copy of expert 2i's, so every pair ties: the router
-    /// must then take the lower expert of a pair first, as the reference does.
-    fn with_tied_pairs(mut self) -> Block {
+    /// Ties in the router's rows (`Logits`): the router must then take the lower expert first,
+    /// as the reference does.
+    fn with(mut self, logits: Logits) -> Block {
         let d = self.shape.hidden;
-        for pair in 0..self.shape.experts / 2 {
-            let (a, b) = self.router.split_at_mut((2 * pair + 1) * d);
-            b[..d].copy_from_slice(&a[2 * pair * d..]);
+        match logits {
+            Logits::Random => {}
+            // Expert 2i + 1's row a copy of expert 2i's.
+            Logits::TiedPairs => {
+                for pair in 0..self.shape.experts / 2 {
+                    let (a, b) = self.router.split_at_mut((2 * pair + 1) * d);
+                    b[..d].copy_from_slice(&a[2 * pair * d..]);
+                }
+            }
+            // Every row expert 0's: the route is experts 0 .. top_k, and every key is a candidate
+            // of the router's FILTER top-k, which hands over to its rounds.
+            Logits::AllTied => {
+                let (first, rest) = self.router.split_at_mut(d);
+                rest.chunks_mut(d).for_each(|row| row.copy_from_slice(first));
+            }
         }
         self
     }
@@ -169,9 +189,8 @@ fn check(
     assert!(same, "{label}: a second pass gave different bits");
 }
 
-fn nvfp4_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles], ties: bool) {
-    let b = Block::new(rng, shape);
-    let b = if ties { b.with_tied_pairs() } else { b };
+fn nvfp4_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles], logits: Logits) {
+    let b = Block::new(rng, shape).with(logits);
     let (d, i, is) = (shape.hidden, shape.inter, shape.shared_inter);
     let expert = |rng: &mut Rng, inter: usize| ExpertNvfp4 {
         gate: random_nvfp4(rng, inter, d),
@@ -187,7 +206,7 @@ fn nvfp4_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles], tie
     let (ref_y, ref_h) = b.reference(&route, |e| as_f32(&experts[e]), &as_f32(&shared));
     for t in tiles {
         let k = MoeKernels::load(gpu, *t).expect("compile");
-        check(&format!("nvfp4 {shape:?} {t:?}"), &b, &route, &ref_y, &ref_h, run(gpu, &k, &w, &b.x, true));
+        check(&format!("nvfp4 {shape:?} {logits:?} {t:?}"), &b, &route, &ref_y, &ref_h, run(gpu, &k, &w, &b.x, true));
     }
 }
 
@@ -214,13 +233,25 @@ fn bf16_case(gpu: &Gpu, rng: &mut Rng, shape: MoeShape, tiles: &[MoeTiles]) {
     }
 }
 
+/// Every candidate of a kernel that differs from its default in one tile.
+fn one_off<T: TileSet>() -> Vec<T> {
+    let d = T::DEFAULT.values();
+    T::candidates().into_iter().filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1).collect()
+}
+
+/// The defaults, and the router's one-off candidates that fit `shape` (its two top-k paths among
+/// them).
+fn router_variants(shape: MoeShape) -> Vec<MoeTiles> {
+    let base = MoeTiles::default();
+    let mut v = vec![base];
+    v.extend(one_off().into_iter().map(|t| MoeTiles { router: t, ..base }));
+    v.retain(|t| t.check(shape).is_ok());
+    v
+}
+
 /// The defaults, and for each kernel every candidate that differs from its default in one tile,
 /// among those that fit `shape`.
 fn tile_variants(shape: MoeShape) -> Vec<MoeTiles> {
-    fn one_off<T: TileSet>() -> Vec<T> {
-        let d = T::DEFAULT.values();
-        T::candidates().into_iter().filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1).collect()
-    }
     let base = MoeTiles::default();
     let mut v = vec![base];
     v.extend(one_off().into_iter().map(|t| MoeTiles { router: t, ..base }));
@@ -239,11 +270,15 @@ fn moe_nvfp4_matches_the_reference() {
     let mut rng = Rng::fresh("moe nvfp4");
     let tiny = tile_variants(TINY);
     println!("tiny shape: {} tile sets", tiny.len());
-    nvfp4_case(&gpu, &mut rng, TINY, &tiny, false);
-    nvfp4_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()], false);
-    // Tied logits in pairs: the lower expert first, at both shapes.
-    nvfp4_case(&gpu, &mut rng, TINY, &[MoeTiles::default()], true);
-    nvfp4_case(&gpu, &mut rng, PUBLISHED, &[MoeTiles::default()], true);
+    nvfp4_case(&gpu, &mut rng, TINY, &tiny, Logits::Random);
+    // The router's variants at the published shape too, and with tied logits (the lower expert
+    // first) at both shapes.
+    let published = router_variants(PUBLISHED);
+    nvfp4_case(&gpu, &mut rng, PUBLISHED, &published, Logits::Random);
+    for logits in [Logits::TiedPairs, Logits::AllTied] {
+        nvfp4_case(&gpu, &mut rng, TINY, &router_variants(TINY), logits);
+        nvfp4_case(&gpu, &mut rng, PUBLISHED, &published, logits);
+    }
 }
 
 #[test]

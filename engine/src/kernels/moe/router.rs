@@ -12,11 +12,16 @@ use kernel_macros::kernel;
 /// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
 /// grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 /// the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
-/// f32 (PER_LANE probabilities a lane, in registers), then top_k rounds of a warp argmax, each
-/// two pairwise trees over a lane's probabilities and two `redux.sync` reductions over the warp
-/// (probability descending, the lower expert first on ties), the
-/// routing weights (renormalised to sum to 1 when `renormalise`), and σ(shared_gate·x) in
-/// `weights[top_k]`. Nothing comes back to the host.
+/// f32 (PER_LANE probabilities a lane, in registers), the top-k (probability descending, the
+/// lower expert first on ties), the routing weights (renormalised to sum to 1 when
+/// `renormalise`), and σ(shared_gate·x) in `weights[top_k]`. Nothing comes back to the host.
+///
+/// The top-k: with FILTER (the default) a threshold that every chosen key must reach, then each
+/// candidate's rank among the candidates (the code says how); otherwise, and for more than 32
+/// candidates (many equal keys) or top_k > 32, top_k rounds of a warp argmax, each two pairwise
+/// trees over a lane's probabilities and two `redux.sync` reductions over the warp. NVIDIA H200, 2026-12-02 (BENCHMARKS.md, MoE section): the router alone 6.27 → 5.66 µs a
+/// launch. Holding each warp's row in registers from before the wait instead of the L2 prefetch
+/// was slower alone (6.29 µs) and is not kept.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(experts + 1, WARPS),
@@ -34,6 +39,7 @@ pub fn moe_router(
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 8, candidates = [4, 8])] UNROLL: u32,
     #[tile(default = 16, candidates = [16, 32])] PER_LANE: u32,
+    #[tile(default = true, candidates = [false, true])] FILTER: bool,
     router: &[bf16],
     shared_gate: &[bf16],
     x: &[bf16],
@@ -163,20 +169,21 @@ pub fn moe_router(
     for j in 0..PER_LANE {
         key[j] = if lane_id() + 32 * j < experts { p[j].to_bits() + 1 } else { 0 };
     }
-    let mut chosen_sum = 0.0;
-    let (mut first_id, mut second_id) = (0u32, 0u32);
-    let (mut first_p, mut second_p) = (0.0, 0.0);
-    for k in 0..top_k {
-        // A round is two pairwise trees over the lane's keys (depth log2 PER_LANE, not a chain
-        // of PER_LANE dependent compares): the largest key, then the lowest index holding it;
-        // then the same two reductions over the warp, one `redux.sync` each.
+    // FILTER (top_k <= 32): the top_k-th largest of the 32 lanes' best keys is a threshold that
+    // at least top_k keys reach, so every chosen expert's key is at or above it. The keys that
+    // reach it (usually a few more than top_k) gather in shared memory, and each takes its place
+    // by counting the candidates ahead of it (larger key, or the same key and a lower index): a
+    // few dozen shuffles and shared loads instead of top_k dependent rounds. Past 32 candidates
+    // (many equal keys) the rounds below do it.
+    let cand_key = shared::<u32, 32>();
+    let cand_id = shared::<u32, 32>();
+    let mut routed = false;
+    if FILTER && top_k <= 32 {
         let mut best = [0u32; PER_LANE];
         #[unroll]
         for j in 0..PER_LANE {
             best[j] = key[j];
         }
-        // Level by level, entry j takes the larger of 2j and 2j + 1 (a level past PER_LANE's
-        // depth runs no iterations).
         #[unroll]
         for j in 0..PER_LANE / 2 {
             best[j] = max(best[2 * j], best[2 * j + 1]);
@@ -197,63 +204,157 @@ pub fn moe_router(
         for j in 0..PER_LANE / 32 {
             best[j] = max(best[2 * j], best[2 * j + 1]);
         }
-        let best_key = warp_max_u32(best[0]);
-        let mut lowest = [0u32; PER_LANE];
+        let lane_best = best[0];
+        // A lane's best is the threshold candidate when fewer than top_k lanes' bests beat it;
+        // the smallest such best is the top_k-th largest.
+        let mut beaten_by = 0u32;
+        #[unroll]
+        for m in 0..32 {
+            beaten_by += if shfl(lane_best, m) > lane_best { 1 } else { 0 };
+        }
+        let threshold = warp_min_u32(if beaten_by < top_k { lane_best } else { 0xffffffff });
+        // Every real key is at least 1 and top_k lanes hold one, so the threshold is too: the
+        // lanes past the experts (key 0) never qualify.
+        let mut count = 0u32;
         #[unroll]
         for j in 0..PER_LANE {
-            lowest[j] = if key[j] == best_key { lane_id() + 32 * j } else { 0xffffffff };
+            count += if key[j] >= threshold { 1 } else { 0 };
         }
+        // Where a lane's candidates go: the inclusive sum of the counts over the lanes below.
+        let mut upto = count;
         #[unroll]
-        for j in 0..PER_LANE / 2 {
-            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 4 {
-            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 8 {
-            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 16 {
-            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 32 {
-            lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
-        }
-        let bi = warp_min_u32(lowest[0]);
-        let bp = if best_key > 0 { f32::from_bits(best_key - 1) } else { 0.0 };
-        // Every lane holds the winner now; its owner strikes it.
-        #[unroll]
-        for j in 0..PER_LANE {
-            if lane_id() + 32 * j == bi {
-                key[j] = 0;
+        for i in 0..5 {
+            let d = 1u32 << i;
+            let below = shfl(upto, (lane_id() + 32 - d) % 32);
+            if lane_id() >= d {
+                upto += below;
             }
         }
-        // Lane k (k < 32), or lane k - 32, keeps the k-th choice for the writes below.
-        if lane_id() == k % 32 {
-            if k < 32 {
-                first_id = bi;
-                first_p = bp;
-            } else {
-                second_id = bi;
-                second_p = bp;
+        let candidates = shfl(upto, 31);
+        if candidates <= 32 {
+            let mut at = upto - count;
+            #[unroll]
+            for j in 0..PER_LANE {
+                if key[j] >= threshold {
+                    cand_key[at] = key[j];
+                    cand_id[at] = lane_id() + 32 * j;
+                    at += 1;
+                }
             }
+            sync_warp();
+            let mine = if lane_id() < candidates { cand_key[lane_id()] } else { 0 };
+            let my_id = if lane_id() < candidates { cand_id[lane_id()] } else { 0 };
+            let mut ahead = 0u32;
+            #[unroll]
+            for m in 0..32 {
+                if m < candidates {
+                    let (other, other_id) = (cand_key[m], cand_id[m]);
+                    ahead += if other > mine || (other == mine && other_id < my_id) { 1 } else { 0 };
+                }
+            }
+            let chosen = lane_id() < candidates && ahead < top_k;
+            let chosen_p = if chosen { f32::from_bits(mine - 1) } else { 0.0 };
+            let norm = if renormalise { warp_sum(chosen_p) } else { total };
+            if chosen {
+                ids[ahead] = my_id;
+                weights[ahead] = chosen_p / norm;
+            }
+            routed = true;
         }
-        chosen_sum += bp;
     }
-    // The choices leave from registers as probabilities, renormalised to sum to 1 when asked
-    // (top_k < 64): one division a lane.
-    let norm = if renormalise { chosen_sum } else { total };
-    if lane_id() < top_k {
-        ids[lane_id()] = first_id;
-        weights[lane_id()] = first_p / norm;
-    }
-    if lane_id() + 32 < top_k {
-        ids[lane_id() + 32] = second_id;
-        weights[lane_id() + 32] = second_p / norm;
+    if !routed {
+        let mut chosen_sum = 0.0;
+        let (mut first_id, mut second_id) = (0u32, 0u32);
+        let (mut first_p, mut second_p) = (0.0, 0.0);
+        for k in 0..top_k {
+            // A round is two pairwise trees over the lane's keys (depth log2 PER_LANE, not a chain
+            // of PER_LANE dependent compares): the largest key, then the lowest index holding it;
+            // then the same two reductions over the warp, one `redux.sync` each.
+            let mut best = [0u32; PER_LANE];
+            #[unroll]
+            for j in 0..PER_LANE {
+                best[j] = key[j];
+            }
+            // Level by level, entry j takes the larger of 2j and 2j + 1 (a level past PER_LANE's
+            // depth runs no iterations).
+            #[unroll]
+            for j in 0..PER_LANE / 2 {
+                best[j] = max(best[2 * j], best[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 4 {
+                best[j] = max(best[2 * j], best[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 8 {
+                best[j] = max(best[2 * j], best[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 16 {
+                best[j] = max(best[2 * j], best[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 32 {
+                best[j] = max(best[2 * j], best[2 * j + 1]);
+            }
+            let best_key = warp_max_u32(best[0]);
+            let mut lowest = [0u32; PER_LANE];
+            #[unroll]
+            for j in 0..PER_LANE {
+                lowest[j] = if key[j] == best_key { lane_id() + 32 * j } else { 0xffffffff };
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 2 {
+                lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 4 {
+                lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 8 {
+                lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 16 {
+                lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+            }
+            #[unroll]
+            for j in 0..PER_LANE / 32 {
+                lowest[j] = min(lowest[2 * j], lowest[2 * j + 1]);
+            }
+            let bi = warp_min_u32(lowest[0]);
+            let bp = if best_key > 0 { f32::from_bits(best_key - 1) } else { 0.0 };
+            // Every lane holds the winner now; its owner strikes it.
+            #[unroll]
+            for j in 0..PER_LANE {
+                if lane_id() + 32 * j == bi {
+                    key[j] = 0;
+                }
+            }
+            // Lane k (k < 32), or lane k - 32, keeps the k-th choice for the writes below.
+            if lane_id() == k % 32 {
+                if k < 32 {
+                    first_id = bi;
+                    first_p = bp;
+                } else {
+                    second_id = bi;
+                    second_p = bp;
+                }
+            }
+            chosen_sum += bp;
+        }
+        // The choices leave from registers as probabilities, renormalised to sum to 1 when asked
+        // (top_k < 64): one division a lane.
+        let norm = if renormalise { chosen_sum } else { total };
+        if lane_id() < top_k {
+            ids[lane_id()] = first_id;
+            weights[lane_id()] = first_p / norm;
+        }
+        if lane_id() + 32 < top_k {
+            ids[lane_id() + 32] = second_id;
+            weights[lane_id() + 32] = second_p / norm;
+        }
     }
     if lane_id() == 0 {
         weights[top_k] = sigmoid(shared_logit);
