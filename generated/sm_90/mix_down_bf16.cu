@@ -10,10 +10,10 @@
 //
 // Built for overlapped launches with the weights in registers: blockIdx.y takes one stream, each
 // warp ROWS rows of it, each lane CHUNKS 16-byte pieces of every row, 256 columns apart. Before
-// the grid dependency wait a block puts `1 + w` of its stream into shared memory and loads all
-// of its weights into registers (both immutable), so the weight stream overlaps the previous
-// kernel's tail. After the wait it reads the stream (from L2, every load in flight at once),
-// stages `X' ⊙ (1 + w)` in shared memory over the `1 + w`, sums Σ X'² over the block (every block
+// the grid dependency wait a block loads its pieces of the norm and all of its weights into
+// registers (both immutable), so the weight stream overlaps the previous kernel's tail. After
+// the wait it reads the stream (from L2, every load in flight at once), stages `X' ⊙ (1 + w)` in
+// shared memory, sums Σ X'² over the block (every block
 // of a stream the same sum, in the same order), and does the dot products. No counter and no last
 // block: launch 2 adds the streams' partials.
 //
@@ -119,19 +119,6 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_bf16(
             }
         }
     }
-    #pragma unroll
-    for (unsigned t = 0u; t < 2u; ++t) {
-        const unsigned i_1 = (threadIdx.x + t * 32u * 5u) * 8u;
-        if (i_1 < d) {
-            const uint4 wv = nbuf[t];
-            const float2 w0 = bf16x2_to_float2(wv.x);
-            const float2 w1 = bf16x2_to_float2(wv.y);
-            const float2 w2 = bf16x2_to_float2(wv.z);
-            const float2 w3 = bf16x2_to_float2(wv.w);
-            *reinterpret_cast<float4*>(h + i_1) = make_float4(1.0f + w0.x, 1.0f + w0.y, 1.0f + w1.x, 1.0f + w1.y);
-            *reinterpret_cast<float4*>(h + (i_1 + 4u)) = make_float4(1.0f + w2.x, 1.0f + w2.y, 1.0f + w3.x, 1.0f + w3.y);
-        }
-    }
     grid_dependency_wait();
     launch_dependents();
     const float omega = post ? gains_prev[stream] : 0.0f;
@@ -145,11 +132,11 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_bf16(
     for (int __i = 0; __i < 2; ++__i) ybuf[__i] = __fill_ybuf;
     #pragma unroll
     for (unsigned t = 0u; t < 2u; ++t) {
-        const unsigned i_2 = (threadIdx.x + t * 32u * 5u) * 8u;
-        if (i_2 < d) {
-            xbuf[t] = *reinterpret_cast<const uint4*>(residual + (base + i_2));
+        const unsigned i_1 = (threadIdx.x + t * 32u * 5u) * 8u;
+        if (i_1 < d) {
+            xbuf[t] = *reinterpret_cast<const uint4*>(residual + (base + i_1));
             if (post) {
-                ybuf[t] = *reinterpret_cast<const uint4*>(y + i_2);
+                ybuf[t] = *reinterpret_cast<const uint4*>(y + i_1);
             }
         }
     }
@@ -157,8 +144,8 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_bf16(
     float sq = 0.0f;
     #pragma unroll
     for (unsigned t = 0u; t < 2u; ++t) {
-        const unsigned i_3 = (threadIdx.x + t * 32u * 5u) * 8u;
-        if (i_3 < d) {
+        const unsigned i_2 = (threadIdx.x + t * 32u * 5u) * 8u;
+        if (i_2 < d) {
             const uint4 xv = xbuf[t];
             float2 x0 = bf16x2_to_float2(xv.x);
             float2 x1 = bf16x2_to_float2(xv.y);
@@ -177,10 +164,15 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_bf16(
             }
             sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
             sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
-            const float4 a = *reinterpret_cast<float4*>(h + i_3);
-            const float4 b = *reinterpret_cast<float4*>(h + (i_3 + 4u));
-            *reinterpret_cast<float4*>(h + i_3) = make_float4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w);
-            *reinterpret_cast<float4*>(h + (i_3 + 4u)) = make_float4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w);
+            const uint4 wv = nbuf[t];
+            const float2 w0 = bf16x2_to_float2(wv.x);
+            const float2 w1 = bf16x2_to_float2(wv.y);
+            const float2 w2 = bf16x2_to_float2(wv.z);
+            const float2 w3 = bf16x2_to_float2(wv.w);
+            const float4 a = make_float4(1.0f + w0.x, 1.0f + w0.y, 1.0f + w1.x, 1.0f + w1.y);
+            const float4 b = make_float4(1.0f + w2.x, 1.0f + w2.y, 1.0f + w3.x, 1.0f + w3.y);
+            *reinterpret_cast<float4*>(h + i_2) = make_float4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w);
+            *reinterpret_cast<float4*>(h + (i_2 + 4u)) = make_float4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w);
         }
     }
     const float factor = rsqrtf(block_sum(sq, scratch) / (float)d + eps);

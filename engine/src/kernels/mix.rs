@@ -17,8 +17,9 @@
 //! through it, the one after started their weight loads and took SM room while the site's
 //! predecessor still ran, and the H200 step was 1.6% slower (2026-12-01, BENCHMARKS.md step
 //! section). In the NVFP4 step launch 1's predecessors let it in only when they end (so that its
-//! blocks find the SMs empty; `moe_down_nvfp4` says why), and `mix_down_nvfp4` then uses nothing
-//! it loads before its wait.
+//! blocks find the SMs empty; `moe_down_nvfp4` says why), and both launch-1 kernels then use
+//! nothing they load before their wait: with bf16 mix weights the H200 step is 1.8% faster for it
+//! (2026-12-02), though the bf16 site alone is 2% slower.
 //!
 //! The residual streams are bf16, as the reference model stores them: the write is
 //! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
@@ -34,10 +35,10 @@ use kernel_macros::kernel;
 ///
 /// Built for overlapped launches with the weights in registers: blockIdx.y takes one stream, each
 /// warp ROWS rows of it, each lane CHUNKS 16-byte pieces of every row, 256 columns apart. Before
-/// the grid dependency wait a block puts `1 + w` of its stream into shared memory and loads all
-/// of its weights into registers (both immutable), so the weight stream overlaps the previous
-/// kernel's tail. After the wait it reads the stream (from L2, every load in flight at once),
-/// stages `X' ⊙ (1 + w)` in shared memory over the `1 + w`, sums Σ X'² over the block (every block
+/// the grid dependency wait a block loads its pieces of the norm and all of its weights into
+/// registers (both immutable), so the weight stream overlaps the previous kernel's tail. After
+/// the wait it reads the stream (from L2, every load in flight at once), stages `X' ⊙ (1 + w)` in
+/// shared memory, sums Σ X'² over the block (every block
 /// of a stream the same sum, in the same order), and does the dot products. No counter and no last
 /// block: launch 2 adds the streams' partials.
 ///
@@ -74,9 +75,9 @@ pub fn mix_down_bf16(
     let base = stream * d;
     let row0 = (block_idx() * WARPS + warp_id()) * ROWS;
 
-    // Before the wait, immutable data only. The norm's pieces this thread stages after the wait
-    // (8 columns, 256·WARPS apart) are loaded first, then the weights; `1 + w` goes to shared
-    // memory, where only this thread reads it back.
+    // Before the wait, immutable data only: the norm's pieces this thread stages after the wait
+    // (8 columns, 256·WARPS apart), then the weights. Nothing loaded here is used before the
+    // wait (as in `mix_down_nvfp4`, whose doc says why).
     let h = shared::<f32, { 256 * CHUNKS }>();
     let mut nbuf = [u32x4(0, 0, 0, 0); (CHUNKS + WARPS - 1) / WARPS];
     #[unroll]
@@ -97,17 +98,6 @@ pub fn mix_down_bf16(
                     wbuf[c * ROWS + r] = load_stream::<u32x4>(proj, (row0 + r) * cols + base + k);
                 }
             }
-        }
-    }
-    #[unroll]
-    for t in 0..(CHUNKS + WARPS - 1) / WARPS {
-        let i = (thread_idx() + t * 32 * WARPS) * 8;
-        if i < d {
-            let wv = nbuf[t];
-            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-            store_vec(h, i, f32x4(1.0 + w0.x, 1.0 + w0.y, 1.0 + w1.x, 1.0 + w1.y));
-            store_vec(h, i + 4, f32x4(1.0 + w2.x, 1.0 + w2.y, 1.0 + w3.x, 1.0 + w3.y));
         }
     }
     grid_dependency_wait();
@@ -152,8 +142,12 @@ pub fn mix_down_bf16(
             }
             sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
             sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
-            let a = load_vec::<f32x4>(h, i);
-            let b = load_vec::<f32x4>(h, i + 4);
+            // `1 + w`, from the norm loaded before the wait.
+            let wv = nbuf[t];
+            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
+            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
+            let a = f32x4(1.0 + w0.x, 1.0 + w0.y, 1.0 + w1.x, 1.0 + w1.y);
+            let b = f32x4(1.0 + w2.x, 1.0 + w2.y, 1.0 + w3.x, 1.0 + w3.y);
             store_vec(h, i, f32x4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w));
             store_vec(h, i + 4, f32x4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w));
         }
