@@ -19,9 +19,10 @@
 // The top-k: with FILTER (the default) a threshold that every chosen key must reach, then each
 // candidate's rank among the candidates (the code says how); otherwise, and for more than 32
 // candidates (many equal keys) or top_k > 32, top_k rounds of a warp argmax, each two pairwise
-// trees over a lane's probabilities and two `redux.sync` reductions over the warp. NVIDIA H200, 2026-12-02 (BENCHMARKS.md, MoE section): the router alone 6.27 → 5.66 µs a
-// launch. Holding each warp's row in registers from before the wait instead of the L2 prefetch
-// was slower alone (6.29 µs) and is not kept.
+// trees over a lane's probabilities and two `redux.sync` reductions over the warp. NVIDIA H200,
+// 2026-12-02 (BENCHMARKS.md, MoE section): the router alone 6.27 → 5.66 µs a launch (5.77 on
+// this code, in a run about 1% slower throughout). Holding each warp's row in registers from
+// before the wait instead of the L2 prefetch was slower alone (6.29 µs) and is not kept.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
@@ -227,28 +228,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
     __shared__ __align__(16) unsigned cand_id[32];
     bool routed = false;
     if (top_k <= 32u) {
-        unsigned best[16] = {};
+        unsigned lane_best = 0u;
         #pragma unroll
         for (unsigned j = 0u; j < 16u; ++j) {
-            best[j] = key[j];
+            lane_best = max(lane_best, key[j]);
         }
-        #pragma unroll
-        for (unsigned j = 0u; j < 8u; ++j) {
-            best[j] = max(best[2u * j], best[2u * j + 1u]);
-        }
-        #pragma unroll
-        for (unsigned j = 0u; j < 4u; ++j) {
-            best[j] = max(best[2u * j], best[2u * j + 1u]);
-        }
-        #pragma unroll
-        for (unsigned j = 0u; j < 2u; ++j) {
-            best[j] = max(best[2u * j], best[2u * j + 1u]);
-        }
-        #pragma unroll
-        for (unsigned j = 0u; j < 1u; ++j) {
-            best[j] = max(best[2u * j], best[2u * j + 1u]);
-        }
-        const unsigned lane_best = best[0u];
         unsigned beaten_by = 0u;
         #pragma unroll
         for (unsigned m = 0u; m < 32u; ++m) {
@@ -309,28 +293,28 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
         float first_p = 0.0f;
         float second_p = 0.0f;
         for (unsigned k = 0u; k < top_k; ++k) {
-            unsigned best_1[16] = {};
+            unsigned best[16] = {};
             #pragma unroll
             for (unsigned j = 0u; j < 16u; ++j) {
-                best_1[j] = key[j];
+                best[j] = key[j];
             }
             #pragma unroll
             for (unsigned j = 0u; j < 8u; ++j) {
-                best_1[j] = max(best_1[2u * j], best_1[2u * j + 1u]);
+                best[j] = max(best[2u * j], best[2u * j + 1u]);
             }
             #pragma unroll
             for (unsigned j = 0u; j < 4u; ++j) {
-                best_1[j] = max(best_1[2u * j], best_1[2u * j + 1u]);
+                best[j] = max(best[2u * j], best[2u * j + 1u]);
             }
             #pragma unroll
             for (unsigned j = 0u; j < 2u; ++j) {
-                best_1[j] = max(best_1[2u * j], best_1[2u * j + 1u]);
+                best[j] = max(best[2u * j], best[2u * j + 1u]);
             }
             #pragma unroll
             for (unsigned j = 0u; j < 1u; ++j) {
-                best_1[j] = max(best_1[2u * j], best_1[2u * j + 1u]);
+                best[j] = max(best[2u * j], best[2u * j + 1u]);
             }
-            const unsigned best_key = __reduce_max_sync(0xffffffffu, best_1[0u]);
+            const unsigned best_key = __reduce_max_sync(0xffffffffu, best[0u]);
             unsigned lowest[16] = {};
             #pragma unroll
             for (unsigned j = 0u; j < 16u; ++j) {

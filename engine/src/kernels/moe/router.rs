@@ -19,9 +19,10 @@ use kernel_macros::kernel;
 /// The top-k: with FILTER (the default) a threshold that every chosen key must reach, then each
 /// candidate's rank among the candidates (the code says how); otherwise, and for more than 32
 /// candidates (many equal keys) or top_k > 32, top_k rounds of a warp argmax, each two pairwise
-/// trees over a lane's probabilities and two `redux.sync` reductions over the warp. NVIDIA H200, 2026-12-02 (BENCHMARKS.md, MoE section): the router alone 6.27 → 5.66 µs a
-/// launch. Holding each warp's row in registers from before the wait instead of the L2 prefetch
-/// was slower alone (6.29 µs) and is not kept.
+/// trees over a lane's probabilities and two `redux.sync` reductions over the warp. NVIDIA H200,
+/// 2026-12-02 (BENCHMARKS.md, MoE section): the router alone 6.27 → 5.66 µs a launch (5.77 on
+/// this code, in a run about 1% slower throughout). Holding each warp's row in registers from
+/// before the wait instead of the L2 prefetch was slower alone (6.29 µs) and is not kept.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(experts + 1, WARPS),
@@ -179,32 +180,12 @@ pub fn moe_router(
     let cand_id = shared::<u32, 32>();
     let mut routed = false;
     if FILTER && top_k <= 32 {
-        let mut best = [0u32; PER_LANE];
+        // Once, not a round: a plain chain of maxima does.
+        let mut lane_best = 0u32;
         #[unroll]
         for j in 0..PER_LANE {
-            best[j] = key[j];
+            lane_best = max(lane_best, key[j]);
         }
-        #[unroll]
-        for j in 0..PER_LANE / 2 {
-            best[j] = max(best[2 * j], best[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 4 {
-            best[j] = max(best[2 * j], best[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 8 {
-            best[j] = max(best[2 * j], best[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 16 {
-            best[j] = max(best[2 * j], best[2 * j + 1]);
-        }
-        #[unroll]
-        for j in 0..PER_LANE / 32 {
-            best[j] = max(best[2 * j], best[2 * j + 1]);
-        }
-        let lane_best = best[0];
         // A lane's best is the threshold candidate when fewer than top_k lanes' bests beat it;
         // the smallest such best is the top_k-th largest.
         let mut beaten_by = 0u32;
