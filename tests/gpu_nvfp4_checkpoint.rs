@@ -12,7 +12,7 @@ use flashnext::nvfp4_checkpoint::{is_linear, nvfp4_checkpoint, stored, stored_ex
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::lm_head::LmHeadWeights;
 use engine::layers::mix::{MixMatrices, MixWeightsOnDevice};
-use engine::layers::moe::ExpertsOnDevice;
+use engine::layers::moe::{ExpertsOnDevice, download_gate_up_codes};
 use engine::model::checkpoint::Checkpoint;
 use engine::model::config::ModelConfig;
 use engine::model::weights::{ModelWeights, names};
@@ -117,7 +117,8 @@ impl Diff<'_> {
             else {
                 panic!("layer {l}: the experts are not NVFP4 on the device");
             };
-            self.codes(&format!("layer {l} gate/up codes"), gate_up_packed, &want.gate_up_packed);
+            let got = download_gate_up_codes(self.gpu, gate_up_packed).expect("download");
+            self.same(&format!("layer {l} gate/up codes"), &got, &want.gate_up_packed);
             self.scales(&format!("layer {l} gate/up scales"), gate_up_scales, &want.gate_up_scales);
             self.globals(&format!("layer {l} gate/up global scales"), gate_up_scale2, &want.gate_up_scale2);
             self.codes(&format!("layer {l} down codes"), down_packed, &want.down_packed);

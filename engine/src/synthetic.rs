@@ -38,10 +38,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use half::bf16;
+use kernel_dsl::e2m1_pairs::Layout;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
 
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel, MappedHostBuffer};
 use crate::error::{Error, Result};
+use crate::kernels::e2m1_pairs::e2m1_pair_words;
 use crate::kernels::fill::{fill_bf16, fill_e4m3_scales, fill_f32, fill_nvfp4_codes};
 use crate::layers::gdn::{CONV_KERNEL, GdnShape, GdnWeightsOnDevice, InProjOnDevice};
 use crate::layers::lm_head::{LmHead, LmHeadTiles, LmHeadWeights};
@@ -131,13 +133,15 @@ pub fn stream_seed(seed: u64, tag: u64, stream: Stream) -> u64 {
     derive_seed(seed, &[tag, stream as u64])
 }
 
-/// The four fill kernels, compiled for one device.
+/// The four fill kernels, and the NVFP4 codes' rearrangement into the paired layout, compiled for
+/// one device.
 #[derive(Debug)]
 pub struct Fills {
     bf16: LoadedKernel<fill_bf16::Kernel>,
     f32: LoadedKernel<fill_f32::Kernel>,
     codes: LoadedKernel<fill_nvfp4_codes::Kernel>,
     scales: LoadedKernel<fill_e4m3_scales::Kernel>,
+    pairs: LoadedKernel<e2m1_pair_words::Kernel>,
 }
 
 /// Checks that `len` elements of `size` bytes at element `at` lie inside a buffer of `buf_len`
@@ -159,6 +163,7 @@ impl Fills {
             f32: gpu.kernel(TileSet::DEFAULT)?,
             codes: gpu.kernel(TileSet::DEFAULT)?,
             scales: gpu.kernel(TileSet::DEFAULT)?,
+            pairs: gpu.kernel(TileSet::DEFAULT)?,
         })
     }
 
@@ -214,6 +219,23 @@ impl Fills {
         };
         // SAFETY: the kernel writes bytes [0, len) of `buf` (one byte an element) and reads nothing.
         unsafe { self.codes.launch(gpu, &a) }
+    }
+
+    /// The codes in `buf` (ModelOpt's layout) rearranged in place into `layout`
+    /// (`kernel_dsl::e2m1_pairs`); enqueued, not waited for.
+    pub fn to_layout(&self, gpu: &Gpu, buf: &mut DeviceBuffer<E2m1x2>, layout: Layout) -> Result<()> {
+        if layout == Layout::Nibbles || buf.is_empty() {
+            return Ok(());
+        }
+        if !buf.len().is_multiple_of(16) {
+            return Err(Error::Buffer(format!(
+                "{} NVFP4 code bytes: the paired layout needs whole 16-byte groups",
+                buf.len()
+            )));
+        }
+        let a = e2m1_pair_words::Args { codes: DevPtrMut::from_addr(buf.ptr_mut().addr()), len: buf.len() as u64 };
+        // SAFETY: the kernel reads and writes bytes [0, len) of `buf` (one byte an element).
+        unsafe { self.pairs.launch(gpu, &a) }
     }
 
     /// The whole of `buf`: e4m3 block scales [`SCALE_LO`]..+[`SCALE_SPAN`] from the byte stream of
@@ -406,7 +428,10 @@ pub fn moe(gpu: &Gpu, shape: MoeShape, nvfp4: bool, seed: u64) -> Result<MoeWeig
                 shape.inter, shape.shared_inter
             )));
         }
-        let (gate_up_packed, gate_up_scales) = f.new_nvfp4(gpu, 2 * (routed + shared), d, seed, tag::MOE_GATE_UP)?;
+        let (mut gate_up_packed, gate_up_scales) =
+            f.new_nvfp4(gpu, 2 * (routed + shared), d, seed, tag::MOE_GATE_UP)?;
+        // The gate/up kernel reads its codes in the architecture's paired layout.
+        f.to_layout(gpu, &mut gate_up_packed, Layout::for_arch(gpu.arch()))?;
         // Rows of inter (routed) and shared_inter (shared) values, both whole blocks (checked).
         let (down_packed, down_scales) = f.new_nvfp4(gpu, routed + shared, BLOCK, seed, tag::MOE_DOWN)?;
         let mut down_scale2 = vec![nvfp4_scale_2(down_std); e];

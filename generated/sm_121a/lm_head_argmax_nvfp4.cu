@@ -49,13 +49,6 @@ __device__ __forceinline__ float2 bf16x2_to_float2(unsigned w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
-// d = a·b + c on two f16 lanes.
-__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
-    unsigned d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 // Eight E2M1 values (a word, element 0 in the low nibble) as four f16 pairs:
 // (v0, v1), (v2, v3), (v4, v5), (v6, v7), one conversion instruction per byte, exact.
 __device__ __forceinline__ void e2m1x8_to_f16x2(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {
@@ -65,22 +58,35 @@ __device__ __forceinline__ void e2m1x8_to_f16x2(unsigned w, unsigned& p0, unsign
         : "=r"(p0), "=r"(p1), "=r"(p2), "=r"(p3) : "r"(w));
 }
 
-// Σ of 16 E2M1 values (two words) times 16 staged activations (eight f16 pairs): f16
-// products in two accumulators of four pair-products each, summed in f32.
-__device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {
-    unsigned a0, a1, a2, a3, b0, b1, b2, b3;
-    e2m1x8_to_f16x2(w.x, a0, a1, a2, a3);
-    e2m1x8_to_f16x2(w.y, b0, b1, b2, b3);
-    unsigned acc = hfma2(a0, xa.x, 0u);
-    acc = hfma2(a1, xa.y, acc);
-    acc = hfma2(a2, xa.z, acc);
-    acc = hfma2(a3, xa.w, acc);
-    unsigned bcc = hfma2(b0, xb.x, 0u);
-    bcc = hfma2(b1, xb.y, bcc);
-    bcc = hfma2(b2, xb.z, bcc);
-    bcc = hfma2(b3, xb.w, bcc);
+// d = a·b + c on two f16 lanes.
+__device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Σ of sixteen f16 weights (a, b: eight pairs, as the decodes make them) times sixteen staged
+// activations (xa, xb): f16 products in two accumulators of four pair-products each, summed
+// in f32.
+__device__ __forceinline__ float dot_f16_pairs(uint4 a, uint4 b, uint4 xa, uint4 xb) {
+    unsigned acc = hfma2(a.x, xa.x, 0u);
+    acc = hfma2(a.y, xa.y, acc);
+    acc = hfma2(a.z, xa.z, acc);
+    acc = hfma2(a.w, xa.w, acc);
+    unsigned bcc = hfma2(b.x, xb.x, 0u);
+    bcc = hfma2(b.y, xb.y, bcc);
+    bcc = hfma2(b.z, xb.z, bcc);
+    bcc = hfma2(b.w, xb.w, bcc);
     const float2 s = f16x2_to_float2(acc), t = f16x2_to_float2(bcc);
     return (s.x + s.y) + (t.x + t.y);
+}
+
+// Σ of 16 E2M1 values (two words, ModelOpt's layout) times 16 staged activations.
+__device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {
+    uint4 a, b;
+    e2m1x8_to_f16x2(w.x, a.x, a.y, a.z, a.w);
+    e2m1x8_to_f16x2(w.y, b.x, b.y, b.z, b.w);
+    return dot_f16_pairs(a, b, xa, xb);
 }
 
 // Two f32 to two f16 in one word, a in the low half; round to nearest even.

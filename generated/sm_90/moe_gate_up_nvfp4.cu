@@ -2,8 +2,12 @@
 // Do not edit: the Rust description is the source; see generated/README.md.
 // Tiles: ROWS=2 LANES=16 WARPS=8 BATCH=5 MIN_BLOCKS=2 PREFETCH=false; 256 threads per block, 2 blocks an SM at least (ptxas budgets registers to it).
 //
-// h[slot, r] = SiLU(gate_r·x) · (up_r·x) for NVFP4 weights (ModelOpt layout, stacked as above;
-// `scale2` [E + 1, 2] holds each expert's gate and up global scales).
+// h[slot, r] = SiLU(gate_r·x) · (up_r·x) for NVFP4 weights (stacked as above; `scale2` [E + 1,
+// 2] holds each expert's gate and up global scales). The codes are in the architecture's paired
+// layout (`kernel_dsl::e2m1_pairs`, which the weights' upload applies): on sm_90 a word's four
+// f16 pairs cost nine integer instructions instead of about sixteen. NVIDIA H200, 2026-12-02:
+// 1,833 → 1,594 SASS instructions at the defaults, the kernel alone 9.64 → 8.93 µs
+// (BENCHMARKS.md, MoE section). On sm_121a the layout is ModelOpt's.
 //
 // x comes staged by the router: f16 pairs in this architecture's decode order, each 16-value
 // chunk divided by its max|x| (`x_scale` [hidden/16]). A group of LANES lanes takes ROWS rows;
@@ -60,6 +64,18 @@ __device__ __forceinline__ unsigned pack_i8x4(float4 v) {
     return ((unsigned)a & 0xffu) | (((unsigned)b & 0xffu) << 8) | (((unsigned)c & 0xffu) << 16) | ((unsigned)d << 24);
 }
 
+// Eight E2M1 values in the paired layout (kernel_dsl::e2m1_pairs: rearranged at load so that
+// a mask finds each pair) as the f16 pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7), each the
+// value times 2^-14 as e2m1x8_to_f16x2 makes them: nine instructions for the word. Pair 0
+// is in place, pair 1 three bits low; pairs 2 and 3 are copied twice by one multiply (the
+// magnitudes 6 or 9 bits up, the signs 2 or 1), the copies sharing no bit.
+__device__ __forceinline__ void e2m1x8_to_f16x2_paired(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {
+    p0 = w & 0x8e008e00u;
+    p1 = (w << 3) & 0x8e008e00u;
+    p2 = ((w & 0x20382038u) * 68u) & 0x8e008e00u;
+    p3 = ((w & 0x40074007u) * 514u) & 0x8e008e00u;
+}
+
 // d = a·b + c on two f16 lanes.
 __device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
     unsigned d;
@@ -67,35 +83,28 @@ __device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
     return d;
 }
 
-// Eight E2M1 values (a word, element 0 in the low nibble) as four f16 pairs, without a
-// conversion instruction (sm_90). A nibble's two exponent bits and mantissa bit land in
-// f16 bits 11..9 and its sign in bit 15: the f16 is the value times 2^-14 (the bias gap;
-// the code for 0.5 becomes an exact subnormal). Bytes 0 and 2 share shifts, as do bytes
-// 1 and 3, so the pairs are (v0, v4), (v1, v5), (v2, v6), (v3, v7): two shifts and two
-// masks a pair. stage_e2m1_x8 puts the activations in the same order, times 2^14.
-__device__ __forceinline__ void e2m1x8_to_f16x2(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {
-    p0 = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);
-    p1 = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);
-    p2 = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);
-    p3 = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);
-}
-
-// Σ of 16 E2M1 values (two words) times 16 staged activations (eight f16 pairs): f16
-// products in two accumulators of four pair-products each, summed in f32.
-__device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {
-    unsigned a0, a1, a2, a3, b0, b1, b2, b3;
-    e2m1x8_to_f16x2(w.x, a0, a1, a2, a3);
-    e2m1x8_to_f16x2(w.y, b0, b1, b2, b3);
-    unsigned acc = hfma2(a0, xa.x, 0u);
-    acc = hfma2(a1, xa.y, acc);
-    acc = hfma2(a2, xa.z, acc);
-    acc = hfma2(a3, xa.w, acc);
-    unsigned bcc = hfma2(b0, xb.x, 0u);
-    bcc = hfma2(b1, xb.y, bcc);
-    bcc = hfma2(b2, xb.z, bcc);
-    bcc = hfma2(b3, xb.w, bcc);
+// Σ of sixteen f16 weights (a, b: eight pairs, as the decodes make them) times sixteen staged
+// activations (xa, xb): f16 products in two accumulators of four pair-products each, summed
+// in f32.
+__device__ __forceinline__ float dot_f16_pairs(uint4 a, uint4 b, uint4 xa, uint4 xb) {
+    unsigned acc = hfma2(a.x, xa.x, 0u);
+    acc = hfma2(a.y, xa.y, acc);
+    acc = hfma2(a.z, xa.z, acc);
+    acc = hfma2(a.w, xa.w, acc);
+    unsigned bcc = hfma2(b.x, xb.x, 0u);
+    bcc = hfma2(b.y, xb.y, bcc);
+    bcc = hfma2(b.z, xb.z, bcc);
+    bcc = hfma2(b.w, xb.w, bcc);
     const float2 s = f16x2_to_float2(acc), t = f16x2_to_float2(bcc);
     return (s.x + s.y) + (t.x + t.y);
+}
+
+// Σ of 16 E2M1 values (two words, the paired layout) times 16 staged activations.
+__device__ __forceinline__ float dot_e2m1x16_paired(uint2 w, uint4 xa, uint4 xb) {
+    uint4 a, b;
+    e2m1x8_to_f16x2_paired(w.x, a.x, a.y, a.z, a.w);
+    e2m1x8_to_f16x2_paired(w.y, b.x, b.y, b.z, b.w);
+    return dot_f16_pairs(a, b, xa, xb);
 }
 
 // Two f32 to two f16 in one word, a in the low half; round to nearest even.
@@ -217,8 +226,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) moe_gate_up_nvfp4(
                 const float xs = base + 256u * j < hidden ? x_scale[c_1 / 16u] : 0.0f;
                 #pragma unroll
                 for (unsigned r = 0u; r < 2u; ++r) {
-                    g_acc[r] += dot_e2m1x16(gw[j * 2u + r], xa, xb) * (e4m3_to_f32(gs[j * 2u + r]) * xs);
-                    u_acc[r] += dot_e2m1x16(uw[j * 2u + r], xa, xb) * (e4m3_to_f32(us[j * 2u + r]) * xs);
+                    g_acc[r] += dot_e2m1x16_paired(gw[j * 2u + r], xa, xb) * (e4m3_to_f32(gs[j * 2u + r]) * xs);
+                    u_acc[r] += dot_e2m1x16_paired(uw[j * 2u + r], xa, xb) * (e4m3_to_f32(us[j * 2u + r]) * xs);
                 }
             }
         }

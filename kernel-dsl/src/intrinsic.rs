@@ -100,6 +100,8 @@ pub enum Intrinsic {
     /// Σ of 16 E2M1 values (`u32x2`, element 0 in the low nibble) times 16 activations that
     /// `stage_e2m1_x8` staged; f16 products, an f32 result.
     DotE2m1x16,
+    /// `dot_e2m1x16` on codes in the architecture's paired layout (`crate::e2m1_pairs`).
+    DotE2m1x16Paired,
     /// Eight activations (two `f32x4`, already divided by their scale) as f16 pairs in the order
     /// this architecture's E2M1 decode produces them.
     StageE2m1x8,
@@ -228,6 +230,7 @@ impl Intrinsic {
             "pack_i8x4" => plain(Intrinsic::PackI8x4),
             "e2m1_raw_lift" => plain(Intrinsic::E2m1RawLift),
             "dot_e2m1x16" => plain(Intrinsic::DotE2m1x16),
+            "dot_e2m1x16_paired" => plain(Intrinsic::DotE2m1x16Paired),
             "stage_e2m1_x8" => plain(Intrinsic::StageE2m1x8),
             "e2m1x8_to_f16x8" => plain(Intrinsic::E2m1x8ToF16x8),
             "mma_f16_16x8x16" => plain(Intrinsic::MmaF16),
@@ -441,7 +444,7 @@ impl Intrinsic {
                 want(1, v)?;
                 sig(vec![v, v], f32)
             }
-            I::DotE2m1x16 => {
+            I::DotE2m1x16 | I::DotE2m1x16Paired => {
                 arity(3)?;
                 let (w, x) = (Type::Vector(Vector::U32x2), Type::Vector(Vector::U32x4));
                 want(0, w)?;
@@ -619,6 +622,7 @@ impl Intrinsic {
             I::E2m1x4ToF32x4Raw | I::E2m1RawGap => &[Helper::E2m1x4ToFloat4Raw],
             I::E2m1RawLift => &[Helper::E2m1RawLift],
             I::DotE2m1x16 => &[Helper::DotE2m1x16],
+            I::DotE2m1x16Paired => &[Helper::DotE2m1x16Paired],
             I::DotE2m1x16Raw => &[Helper::DotE2m1x16Raw],
             I::DotE2m1x16I8 => &[Helper::DotE2m1x16I8],
             I::PackI8x4 => &[Helper::PackI8x4],

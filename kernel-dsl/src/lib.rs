@@ -9,6 +9,7 @@
 //! [`Kernel`] → [`emit::cuda`] → CUDA C text.
 
 pub mod arch;
+pub mod e2m1_pairs;
 pub mod emit;
 pub mod intrinsic;
 pub mod ir;

@@ -1,6 +1,7 @@
 //! Every kernel of the engine, each described once in the DSL. [`ALL`] lists them for the tools
 //! that walk every kernel: the generated files, the NVRTC compile test, the autotuner.
 
+pub mod e2m1_pairs;
 pub mod embed;
 pub mod fill;
 pub mod gdn;
@@ -53,5 +54,6 @@ pub static ALL: &[&dyn AnyKernel] = &[
     &fill::fill_f32::ERASED,
     &fill::fill_nvfp4_codes::ERASED,
     &fill::fill_e4m3_scales::ERASED,
+    &e2m1_pairs::e2m1_pair_words::ERASED,
     &sample::sample_top_p::ERASED,
 ];

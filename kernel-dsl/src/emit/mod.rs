@@ -68,7 +68,7 @@ fn source(kernel: &Kernel, traced: bool) -> String {
         out.push('\n');
         out.push_str(trace::HELPERS);
     }
-    let helpers = prelude::resolve(helpers_used(kernel));
+    let helpers = prelude::resolve(helpers_used(kernel), key.arch);
     for h in helpers {
         if traced && h == Helper::GlobalTimer {
             continue;
@@ -740,6 +740,7 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::E2m1RawGap => "e2m1_raw_gap()".into(),
         I::E2m1RawLift => "e2m1_raw_lift()".into(),
         I::DotE2m1x16 => join("dot_e2m1x16"),
+        I::DotE2m1x16Paired => join("dot_e2m1x16_paired"),
         I::DotE2m1x16Raw => join("dot_e2m1x16_raw"),
         I::DotE2m1x16I8 => join("dot_e2m1x16_i8"),
         I::PackI8x4 => join("pack_i8x4"),

@@ -29,7 +29,10 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "hfma2",
     "pack_f16x2",
     "e2m1x8_to_f16x2",
+    "e2m1x8_to_f16x2_paired",
+    "dot_f16_pairs",
     "dot_e2m1x16",
+    "dot_e2m1x16_paired",
     "stage_e2m1_x8",
     "e2m1x8_to_f16x8",
     "mma_f16_16x8x16",
@@ -83,7 +86,10 @@ pub enum Helper {
     Hfma2,
     PackF16x2,
     E2m1x8ToF16x2,
+    E2m1x8ToF16x2Paired,
+    DotF16Pairs,
     DotE2m1x16,
+    DotE2m1x16Paired,
     StageE2m1x8,
     E2m1x8ToF16x8,
     MmaF16,
@@ -108,8 +114,8 @@ pub enum Helper {
 }
 
 impl Helper {
-    /// Helpers this one's code uses.
-    pub fn deps(self) -> &'static [Helper] {
+    /// Helpers this one's code uses on `arch`.
+    pub fn deps(self, arch: Arch) -> &'static [Helper] {
         use Helper as H;
         match self {
             H::Bf16ToF32 | H::F32ToBf16 => &[H::TypeBf16],
@@ -120,7 +126,11 @@ impl Helper {
             H::E2m1x4ToFloat4 => &[H::E2m1x4ToFloat4Raw],
             H::DotE2m1x16Raw => &[H::E2m1x4ToFloat4Raw],
             H::DotBf16x4 | H::DotBf16x8 => &[H::Bf16x2ToFloat2],
-            H::DotE2m1x16 => &[H::Hfma2, H::E2m1x8ToF16x2, H::F16x2ToFloat2],
+            H::DotF16Pairs => &[H::Hfma2, H::F16x2ToFloat2],
+            H::DotE2m1x16 => &[H::E2m1x8ToF16x2, H::DotF16Pairs],
+            // On sm_121a the paired layout is ModelOpt's, and so is its decode.
+            H::E2m1x8ToF16x2Paired if arch.has_fp4_conversion() => &[H::E2m1x8ToF16x2],
+            H::DotE2m1x16Paired => &[H::E2m1x8ToF16x2Paired, H::DotF16Pairs],
             H::StageE2m1x8 => &[H::PackF16x2],
             H::E2m1x8ToF16x8 => &[H::E2m1x8ToF16x2],
             H::Nvfp4MmaSegment => &[H::E2m1x8ToF16x8, H::MmaF16],
@@ -395,23 +405,59 @@ impl Helper {
                  \x20   p3 = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);\n\
                  }\n"
             }
-            H::DotE2m1x16 => {
-                "// Σ of 16 E2M1 values (two words) times 16 staged activations (eight f16 pairs): f16\n\
-                 // products in two accumulators of four pair-products each, summed in f32.\n\
-                 __device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {\n\
-                 \x20   unsigned a0, a1, a2, a3, b0, b1, b2, b3;\n\
-                 \x20   e2m1x8_to_f16x2(w.x, a0, a1, a2, a3);\n\
-                 \x20   e2m1x8_to_f16x2(w.y, b0, b1, b2, b3);\n\
-                 \x20   unsigned acc = hfma2(a0, xa.x, 0u);\n\
-                 \x20   acc = hfma2(a1, xa.y, acc);\n\
-                 \x20   acc = hfma2(a2, xa.z, acc);\n\
-                 \x20   acc = hfma2(a3, xa.w, acc);\n\
-                 \x20   unsigned bcc = hfma2(b0, xb.x, 0u);\n\
-                 \x20   bcc = hfma2(b1, xb.y, bcc);\n\
-                 \x20   bcc = hfma2(b2, xb.z, bcc);\n\
-                 \x20   bcc = hfma2(b3, xb.w, bcc);\n\
+            H::E2m1x8ToF16x2Paired if arch.has_fp4_conversion() => {
+                "// Eight E2M1 values in the paired layout as four f16 pairs: on this architecture the paired\n\
+                 // layout is ModelOpt's (kernel_dsl::e2m1_pairs), so this is e2m1x8_to_f16x2.\n\
+                 __device__ __forceinline__ void e2m1x8_to_f16x2_paired(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {\n\
+                 \x20   e2m1x8_to_f16x2(w, p0, p1, p2, p3);\n\
+                 }\n"
+            }
+            H::E2m1x8ToF16x2Paired => {
+                "// Eight E2M1 values in the paired layout (kernel_dsl::e2m1_pairs: rearranged at load so that\n\
+                 // a mask finds each pair) as the f16 pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7), each the\n\
+                 // value times 2^-14 as e2m1x8_to_f16x2 makes them: nine instructions for the word. Pair 0\n\
+                 // is in place, pair 1 three bits low; pairs 2 and 3 are copied twice by one multiply (the\n\
+                 // magnitudes 6 or 9 bits up, the signs 2 or 1), the copies sharing no bit.\n\
+                 __device__ __forceinline__ void e2m1x8_to_f16x2_paired(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {\n\
+                 \x20   p0 = w & 0x8e008e00u;\n\
+                 \x20   p1 = (w << 3) & 0x8e008e00u;\n\
+                 \x20   p2 = ((w & 0x20382038u) * 68u) & 0x8e008e00u;\n\
+                 \x20   p3 = ((w & 0x40074007u) * 514u) & 0x8e008e00u;\n\
+                 }\n"
+            }
+            H::DotF16Pairs => {
+                "// Σ of sixteen f16 weights (a, b: eight pairs, as the decodes make them) times sixteen staged\n\
+                 // activations (xa, xb): f16 products in two accumulators of four pair-products each, summed\n\
+                 // in f32.\n\
+                 __device__ __forceinline__ float dot_f16_pairs(uint4 a, uint4 b, uint4 xa, uint4 xb) {\n\
+                 \x20   unsigned acc = hfma2(a.x, xa.x, 0u);\n\
+                 \x20   acc = hfma2(a.y, xa.y, acc);\n\
+                 \x20   acc = hfma2(a.z, xa.z, acc);\n\
+                 \x20   acc = hfma2(a.w, xa.w, acc);\n\
+                 \x20   unsigned bcc = hfma2(b.x, xb.x, 0u);\n\
+                 \x20   bcc = hfma2(b.y, xb.y, bcc);\n\
+                 \x20   bcc = hfma2(b.z, xb.z, bcc);\n\
+                 \x20   bcc = hfma2(b.w, xb.w, bcc);\n\
                  \x20   const float2 s = f16x2_to_float2(acc), t = f16x2_to_float2(bcc);\n\
                  \x20   return (s.x + s.y) + (t.x + t.y);\n\
+                 }\n"
+            }
+            H::DotE2m1x16 => {
+                "// Σ of 16 E2M1 values (two words, ModelOpt's layout) times 16 staged activations.\n\
+                 __device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {\n\
+                 \x20   uint4 a, b;\n\
+                 \x20   e2m1x8_to_f16x2(w.x, a.x, a.y, a.z, a.w);\n\
+                 \x20   e2m1x8_to_f16x2(w.y, b.x, b.y, b.z, b.w);\n\
+                 \x20   return dot_f16_pairs(a, b, xa, xb);\n\
+                 }\n"
+            }
+            H::DotE2m1x16Paired => {
+                "// Σ of 16 E2M1 values (two words, the paired layout) times 16 staged activations.\n\
+                 __device__ __forceinline__ float dot_e2m1x16_paired(uint2 w, uint4 xa, uint4 xb) {\n\
+                 \x20   uint4 a, b;\n\
+                 \x20   e2m1x8_to_f16x2_paired(w.x, a.x, a.y, a.z, a.w);\n\
+                 \x20   e2m1x8_to_f16x2_paired(w.y, b.x, b.y, b.z, b.w);\n\
+                 \x20   return dot_f16_pairs(a, b, xa, xb);\n\
                  }\n"
             }
             H::StageE2m1x8 if arch.has_fp4_conversion() => {
@@ -627,14 +673,14 @@ impl Helper {
     }
 }
 
-/// The helpers in `wanted` and everything they use, each once, dependencies first.
-pub fn resolve(wanted: impl IntoIterator<Item = Helper>) -> Vec<Helper> {
-    fn add(h: Helper, out: &mut Vec<Helper>) {
+/// The helpers in `wanted` and everything they use on `arch`, each once, dependencies first.
+pub fn resolve(wanted: impl IntoIterator<Item = Helper>, arch: Arch) -> Vec<Helper> {
+    fn add(h: Helper, arch: Arch, out: &mut Vec<Helper>) {
         if out.contains(&h) {
             return;
         }
-        for &d in h.deps() {
-            add(d, out);
+        for &d in h.deps(arch) {
+            add(d, arch, out);
         }
         out.push(h);
     }
@@ -644,7 +690,7 @@ pub fn resolve(wanted: impl IntoIterator<Item = Helper>) -> Vec<Helper> {
     wanted.dedup();
     let mut out = Vec::new();
     for h in wanted {
-        add(h, &mut out);
+        add(h, arch, &mut out);
     }
     out
 }
@@ -655,7 +701,7 @@ mod tests {
 
     #[test]
     fn dependencies_come_first_and_once() {
-        let order = resolve([Helper::BlockSum, Helper::WarpSum, Helper::DotBf16x8]);
+        let order = resolve([Helper::BlockSum, Helper::WarpSum, Helper::DotBf16x8], Arch::Sm90);
         assert_eq!(order, [Helper::Bf16x2ToFloat2, Helper::DotBf16x8, Helper::WarpSum, Helper::BlockSum]);
     }
 

@@ -14,6 +14,7 @@ use engine::layers::mix::{
 };
 use engine::layers::moe::{
     ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice,
+    download_gate_up_codes,
 };
 use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{Linear, MixWeights};
@@ -188,7 +189,7 @@ impl Moe<'_> {
                     let codes = |v: Vec<kernel_dsl::E4m3>| v.into_iter().map(|b| b.0).collect::<Vec<u8>>();
                     (
                         Stacked::Nvfp4 {
-                            packed: bytes(g.download(gate_up_packed).map_err(err)?),
+                            packed: download_gate_up_codes(g, gate_up_packed).map_err(err)?,
                             scales: codes(g.download(gate_up_scales).map_err(err)?),
                             scale2: g.download(gate_up_scale2).map_err(err)?,
                         },

@@ -8,8 +8,12 @@
 
 use kernel_macros::kernel;
 
-/// h[slot, r] = SiLU(gate_r·x) · (up_r·x) for NVFP4 weights (ModelOpt layout, stacked as above;
-/// `scale2` [E + 1, 2] holds each expert's gate and up global scales).
+/// h[slot, r] = SiLU(gate_r·x) · (up_r·x) for NVFP4 weights (stacked as above; `scale2` [E + 1,
+/// 2] holds each expert's gate and up global scales). The codes are in the architecture's paired
+/// layout (`kernel_dsl::e2m1_pairs`, which the weights' upload applies): on sm_90 a word's four
+/// f16 pairs cost nine integer instructions instead of about sixteen. NVIDIA H200, 2026-12-02:
+/// 1,833 → 1,594 SASS instructions at the defaults, the kernel alone 9.64 → 8.93 µs
+/// (BENCHMARKS.md, MoE section). On sm_121a the layout is ModelOpt's.
 ///
 /// x comes staged by the router: f16 pairs in this architecture's decode order, each 16-value
 /// chunk divided by its max|x| (`x_scale` [hidden/16]). A group of LANES lanes takes ROWS rows;
@@ -135,8 +139,8 @@ pub fn moe_gate_up_nvfp4(
                 let xs = if base + 16 * LANES * j < hidden { x_scale[c / 16] } else { 0.0 };
                 #[unroll]
                 for r in 0..ROWS {
-                    g_acc[r] += dot_e2m1x16(gw[j * ROWS + r], xa, xb) * ((gs[j * ROWS + r] as f32) * xs);
-                    u_acc[r] += dot_e2m1x16(uw[j * ROWS + r], xa, xb) * ((us[j * ROWS + r] as f32) * xs);
+                    g_acc[r] += dot_e2m1x16_paired(gw[j * ROWS + r], xa, xb) * ((gs[j * ROWS + r] as f32) * xs);
+                    u_acc[r] += dot_e2m1x16_paired(uw[j * ROWS + r], xa, xb) * ((us[j * ROWS + r] as f32) * xs);
                 }
             }
         }
