@@ -12,7 +12,8 @@ use flashnext::nvfp4_checkpoint::{is_linear, nvfp4_checkpoint, stored, stored_ex
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::lm_head::LmHeadWeights;
 use engine::layers::mix::{MixMatrices, MixWeightsOnDevice};
-use engine::layers::moe::{ExpertsOnDevice, download_gate_up_codes};
+use engine::layers::moe::ExpertsOnDevice;
+use engine::layers::paired_codes;
 use engine::model::checkpoint::Checkpoint;
 use engine::model::config::ModelConfig;
 use engine::model::weights::{ModelWeights, names};
@@ -117,7 +118,7 @@ impl Diff<'_> {
             else {
                 panic!("layer {l}: the experts are not NVFP4 on the device");
             };
-            let got = download_gate_up_codes(self.gpu, gate_up_packed).expect("download");
+            let got = paired_codes::download(self.gpu, gate_up_packed).expect("download");
             self.same(&format!("layer {l} gate/up codes"), &got, &want.gate_up_packed);
             self.scales(&format!("layer {l} gate/up scales"), gate_up_scales, &want.gate_up_scales);
             self.globals(&format!("layer {l} gate/up global scales"), gate_up_scale2, &want.gate_up_scale2);
@@ -132,7 +133,8 @@ impl Diff<'_> {
         let LmHeadWeights::Nvfp4 { packed, scales, scale2 } = model.lm_head.weights() else {
             panic!("the lm_head is not NVFP4 on the device");
         };
-        self.codes("lm_head codes", packed, &head.packed);
+        let got = paired_codes::download(self.gpu, packed).expect("download");
+        self.same("lm_head codes", &got, &head.packed);
         self.scales("lm_head scales", scales, &head.scales);
         self.globals("lm_head global scale", scale2, &[head.scale_2]);
     }

@@ -9,7 +9,8 @@ use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::lm_head::{LmHeadTiles, LmHeadWeights};
 use engine::layers::matrix::MatrixOnDevice;
 use engine::layers::mix::MixMatrices;
-use engine::layers::moe::{ExpertsOnDevice, download_gate_up_codes};
+use engine::layers::moe::ExpertsOnDevice;
+use engine::layers::paired_codes;
 use engine::layers::ple::PleTableOnHost;
 use engine::model::config::ModelConfig;
 use engine::model::ple_table::RowFormat;
@@ -209,7 +210,7 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
                     down_scales,
                     down_scale2,
                 } => {
-                    let gu = download_gate_up_codes(&gpu, gate_up_packed).expect("gate_up codes");
+                    let gu = paired_codes::download(&gpu, gate_up_packed).expect("gate_up codes");
                     expect_nvfp4_codes(&gpu, &gu, gate_up_scales, s, tag::MOE_GATE_UP, &label("gate_up"));
                     expect_nvfp4(&gpu, down_packed, down_scales, s, tag::MOE_DOWN, &label("down"));
                     let gu = gpu.download(gate_up_scale2).expect("scale2");
@@ -258,7 +259,8 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
                 expect_bf16(&gpu, b, stream_seed(head_seed, tag::LM_HEAD, Stream::Values), u, "lm_head");
             }
             LmHeadWeights::Nvfp4 { packed, scales, scale2 } => {
-                expect_nvfp4(&gpu, packed, scales, head_seed, tag::LM_HEAD, "lm_head");
+                let codes = paired_codes::download(&gpu, packed).expect("lm_head codes");
+                expect_nvfp4_codes(&gpu, &codes, scales, head_seed, tag::LM_HEAD, "lm_head");
                 assert_eq!(gpu.download(scale2).expect("scale2"), [nvfp4_scale_2(projection_std(d))]);
             }
         }

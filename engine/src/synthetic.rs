@@ -50,6 +50,7 @@ use crate::layers::lm_head::{LmHead, LmHeadTiles, LmHeadWeights};
 use crate::layers::matrix::MatrixOnDevice;
 use crate::layers::mix::{MixMatrices, MixShape, MixWeightsOnDevice};
 use crate::layers::moe::{ExpertsOnDevice, MoeShape, MoeWeightsOnDevice};
+use crate::layers::paired_codes;
 use crate::layers::ple::{PleShape, PleTableOnHost, PleWeightsOnDevice};
 use crate::layers::qsa::{QsaShape, QsaWeightsOnDevice};
 use crate::model::config::{LayerKind, ModelConfig};
@@ -430,8 +431,8 @@ pub fn moe(gpu: &Gpu, shape: MoeShape, nvfp4: bool, seed: u64) -> Result<MoeWeig
         }
         let (mut gate_up_packed, gate_up_scales) =
             f.new_nvfp4(gpu, 2 * (routed + shared), d, seed, tag::MOE_GATE_UP)?;
-        // The gate/up kernel reads its codes in the architecture's paired layout.
-        f.to_layout(gpu, &mut gate_up_packed, Layout::for_arch(gpu.arch()))?;
+        // The gate/up kernel reads its codes in the paired layout of the architecture.
+        f.to_layout(gpu, &mut gate_up_packed, paired_codes::layout(gpu))?;
         // Rows of inter (routed) and shared_inter (shared) values, both whole blocks (checked).
         let (down_packed, down_scales) = f.new_nvfp4(gpu, routed + shared, BLOCK, seed, tag::MOE_DOWN)?;
         let mut down_scale2 = vec![nvfp4_scale_2(down_std); e];
@@ -493,7 +494,9 @@ pub fn lm_head(gpu: &Gpu, vocab: usize, hidden: usize, nvfp4: bool, seed: u64, t
     let f = Fills::load(gpu)?;
     let std = projection_std(hidden);
     let weights = if nvfp4 {
-        let (packed, scales) = f.new_nvfp4(gpu, vocab * hidden, hidden, seed, tag::LM_HEAD)?;
+        let (mut packed, scales) = f.new_nvfp4(gpu, vocab * hidden, hidden, seed, tag::LM_HEAD)?;
+        // The lm_head kernel reads its codes in the paired layout of the architecture.
+        f.to_layout(gpu, &mut packed, paired_codes::layout(gpu))?;
         LmHeadWeights::Nvfp4 { packed, scales, scale2: gpu.upload(&[nvfp4_scale_2(std)])? }
     } else {
         LmHeadWeights::Bf16(f.new_bf16(gpu, vocab * hidden, seed, tag::LM_HEAD, Uniform::with_std(std))?)

@@ -2,9 +2,12 @@
 // Do not edit: the Rust description is the source; see generated/README.md.
 // Tiles: LANES=16 WARPS=4 STEPS=10; 128 threads per block.
 //
-// logits = W·x for an NVFP4 lm_head (ModelOpt layout: `packed` [vocab, hidden/2], `scales` e4m3
+// logits = W·x for an NVFP4 lm_head (`packed` [vocab, hidden/2]: ModelOpt's codes in the paired
+// layout of the architecture, `kernel_dsl::e2m1_pairs`, which the upload applies; `scales` e4m3
 // [vocab, hidden/16], the global scale in `scale2[0]`) and a bf16 x [hidden], and `token[0]` =
-// the lowest row of the largest logit.
+// the lowest row of the largest logit. The paired layout took the H200's launch from 130.6 to
+// 119.1 µs (2026-12-02, BENCHMARKS.md, lm_head section): sm_90 decodes a word's four f16 pairs
+// in 9 integer instructions instead of about 16.
 //
 // Every block first stages x in shared memory as the sm_90 and sm_121a FP4 dot products read
 // it (f16 pairs, each 16-value chunk divided by its max|x|, as the MoE router stages x), which
@@ -58,6 +61,12 @@ __device__ __forceinline__ void e2m1x8_to_f16x2(unsigned w, unsigned& p0, unsign
         : "=r"(p0), "=r"(p1), "=r"(p2), "=r"(p3) : "r"(w));
 }
 
+// Eight E2M1 values in the paired layout as four f16 pairs: on this architecture the paired
+// layout is ModelOpt's (kernel_dsl::e2m1_pairs), so this is e2m1x8_to_f16x2.
+__device__ __forceinline__ void e2m1x8_to_f16x2_paired(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {
+    e2m1x8_to_f16x2(w, p0, p1, p2, p3);
+}
+
 // d = a·b + c on two f16 lanes.
 __device__ __forceinline__ unsigned hfma2(unsigned a, unsigned b, unsigned c) {
     unsigned d;
@@ -81,11 +90,11 @@ __device__ __forceinline__ float dot_f16_pairs(uint4 a, uint4 b, uint4 xa, uint4
     return (s.x + s.y) + (t.x + t.y);
 }
 
-// Σ of 16 E2M1 values (two words, ModelOpt's layout) times 16 staged activations.
-__device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {
+// Σ of 16 E2M1 values (two words, the paired layout) times 16 staged activations.
+__device__ __forceinline__ float dot_e2m1x16_paired(uint2 w, uint4 xa, uint4 xb) {
     uint4 a, b;
-    e2m1x8_to_f16x2(w.x, a.x, a.y, a.z, a.w);
-    e2m1x8_to_f16x2(w.y, b.x, b.y, b.z, b.w);
+    e2m1x8_to_f16x2_paired(w.x, a.x, a.y, a.z, a.w);
+    e2m1x8_to_f16x2_paired(w.y, b.x, b.y, b.z, b.w);
     return dot_f16_pairs(a, b, xa, xb);
 }
 
@@ -199,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
                 const unsigned at = c_2 / 2u;
                 const uint4 xa = make_uint4(xs[at], xs[at + 1u], xs[at + 2u], xs[at + 3u]);
                 const uint4 xb = make_uint4(xs[at + 4u], xs[at + 5u], xs[at + 6u], xs[at + 7u]);
-                acc += dot_e2m1x16(codes[j], xa, xb) * (e4m3_to_f32(block_scale[j]) * xsc[c_2 / 16u]);
+                acc += dot_e2m1x16_paired(codes[j], xa, xb) * (e4m3_to_f32(block_scale[j]) * xsc[c_2 / 16u]);
             }
         }
         #pragma unroll

@@ -2,9 +2,12 @@
 // Do not edit: the Rust description is the source; see generated/README.md.
 // Tiles: LANES=16 WARPS=4 STEPS=10; 128 threads per block.
 //
-// logits = W·x for an NVFP4 lm_head (ModelOpt layout: `packed` [vocab, hidden/2], `scales` e4m3
+// logits = W·x for an NVFP4 lm_head (`packed` [vocab, hidden/2]: ModelOpt's codes in the paired
+// layout of the architecture, `kernel_dsl::e2m1_pairs`, which the upload applies; `scales` e4m3
 // [vocab, hidden/16], the global scale in `scale2[0]`) and a bf16 x [hidden], and `token[0]` =
-// the lowest row of the largest logit.
+// the lowest row of the largest logit. The paired layout took the H200's launch from 130.6 to
+// 119.1 µs (2026-12-02, BENCHMARKS.md, lm_head section): sm_90 decodes a word's four f16 pairs
+// in 9 integer instructions instead of about 16.
 //
 // Every block first stages x in shared memory as the sm_90 and sm_121a FP4 dot products read
 // it (f16 pairs, each 16-value chunk divided by its max|x|, as the MoE router stages x), which
@@ -49,17 +52,16 @@ __device__ __forceinline__ float2 bf16x2_to_float2(unsigned w) {
     return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
-// Eight E2M1 values (a word, element 0 in the low nibble) as four f16 pairs, without a
-// conversion instruction (sm_90). A nibble's two exponent bits and mantissa bit land in
-// f16 bits 11..9 and its sign in bit 15: the f16 is the value times 2^-14 (the bias gap;
-// the code for 0.5 becomes an exact subnormal). Bytes 0 and 2 share shifts, as do bytes
-// 1 and 3, so the pairs are (v0, v4), (v1, v5), (v2, v6), (v3, v7): two shifts and two
-// masks a pair. stage_e2m1_x8 puts the activations in the same order, times 2^14.
-__device__ __forceinline__ void e2m1x8_to_f16x2(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {
-    p0 = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);
-    p1 = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);
-    p2 = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);
-    p3 = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);
+// Eight E2M1 values in the paired layout (kernel_dsl::e2m1_pairs: rearranged at load so that
+// a mask finds each pair) as the f16 pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7), each the
+// value times 2^-14 as e2m1x8_to_f16x2 makes them: nine instructions for the word. Pair 0
+// is in place, pair 1 three bits low; pairs 2 and 3 are copied twice by one multiply (the
+// magnitudes 6 or 9 bits up, the signs 2 or 1), the copies sharing no bit.
+__device__ __forceinline__ void e2m1x8_to_f16x2_paired(unsigned w, unsigned& p0, unsigned& p1, unsigned& p2, unsigned& p3) {
+    p0 = w & 0x8e008e00u;
+    p1 = (w << 3) & 0x8e008e00u;
+    p2 = ((w & 0x20382038u) * 68u) & 0x8e008e00u;
+    p3 = ((w & 0x40074007u) * 514u) & 0x8e008e00u;
 }
 
 // d = a·b + c on two f16 lanes.
@@ -85,11 +87,11 @@ __device__ __forceinline__ float dot_f16_pairs(uint4 a, uint4 b, uint4 xa, uint4
     return (s.x + s.y) + (t.x + t.y);
 }
 
-// Σ of 16 E2M1 values (two words, ModelOpt's layout) times 16 staged activations.
-__device__ __forceinline__ float dot_e2m1x16(uint2 w, uint4 xa, uint4 xb) {
+// Σ of 16 E2M1 values (two words, the paired layout) times 16 staged activations.
+__device__ __forceinline__ float dot_e2m1x16_paired(uint2 w, uint4 xa, uint4 xb) {
     uint4 a, b;
-    e2m1x8_to_f16x2(w.x, a.x, a.y, a.z, a.w);
-    e2m1x8_to_f16x2(w.y, b.x, b.y, b.z, b.w);
+    e2m1x8_to_f16x2_paired(w.x, a.x, a.y, a.z, a.w);
+    e2m1x8_to_f16x2_paired(w.y, b.x, b.y, b.z, b.w);
     return dot_f16_pairs(a, b, xa, xb);
 }
 
@@ -206,7 +208,7 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
                 const unsigned at = c_2 / 2u;
                 const uint4 xa = make_uint4(xs[at], xs[at + 1u], xs[at + 2u], xs[at + 3u]);
                 const uint4 xb = make_uint4(xs[at + 4u], xs[at + 5u], xs[at + 6u], xs[at + 7u]);
-                acc += dot_e2m1x16(codes[j], xa, xb) * (e4m3_to_f32(block_scale[j]) * xsc[c_2 / 16u]);
+                acc += dot_e2m1x16_paired(codes[j], xa, xb) * (e4m3_to_f32(block_scale[j]) * xsc[c_2 / 16u]);
             }
         }
         #pragma unroll

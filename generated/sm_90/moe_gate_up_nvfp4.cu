@@ -6,7 +6,7 @@
 // 2] holds each expert's gate and up global scales). The codes are in the architecture's paired
 // layout (`kernel_dsl::e2m1_pairs`, which the weights' upload applies): on sm_90 a word's four
 // f16 pairs cost nine integer instructions instead of about sixteen. NVIDIA H200, 2026-12-02:
-// 1,833 → 1,594 SASS instructions at the defaults, the kernel alone 9.64 → 8.93 µs
+// 1,833 → 1,594 SASS instructions at the defaults, the kernel alone 9.64 → 8.96 µs
 // (BENCHMARKS.md, MoE section). On sm_121a the layout is ModelOpt's.
 //
 // x comes staged by the router: f16 pairs in this architecture's decode order, each 16-value

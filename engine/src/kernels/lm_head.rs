@@ -131,9 +131,12 @@ pub fn lm_head_argmax_bf16(
     }
 }
 
-/// logits = W·x for an NVFP4 lm_head (ModelOpt layout: `packed` [vocab, hidden/2], `scales` e4m3
+/// logits = W·x for an NVFP4 lm_head (`packed` [vocab, hidden/2]: ModelOpt's codes in the paired
+/// layout of the architecture, `kernel_dsl::e2m1_pairs`, which the upload applies; `scales` e4m3
 /// [vocab, hidden/16], the global scale in `scale2[0]`) and a bf16 x [hidden], and `token[0]` =
-/// the lowest row of the largest logit.
+/// the lowest row of the largest logit. The paired layout took the H200's launch from 130.6 to
+/// 119.1 µs (2026-12-02, BENCHMARKS.md, lm_head section): sm_90 decodes a word's four f16 pairs
+/// in 9 integer instructions instead of about 16.
 ///
 /// Every block first stages x in shared memory as the sm_90 and sm_121a FP4 dot products read
 /// it (f16 pairs, each 16-value chunk divided by its max|x|, as the MoE router stages x), which
@@ -248,7 +251,7 @@ pub fn lm_head_argmax_nvfp4(
                 let at = c / 2;
                 let xa = u32x4(xs[at], xs[at + 1], xs[at + 2], xs[at + 3]);
                 let xb = u32x4(xs[at + 4], xs[at + 5], xs[at + 6], xs[at + 7]);
-                acc += dot_e2m1x16(codes[j], xa, xb) * ((block_scale[j] as f32) * xsc[c / 16]);
+                acc += dot_e2m1x16_paired(codes[j], xa, xb) * ((block_scale[j] as f32) * xsc[c / 16]);
             }
         }
         #[unroll]

@@ -7,6 +7,7 @@ use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
 use crate::kernels::lm_head::{lm_head_argmax_bf16, lm_head_argmax_nvfp4};
+use crate::layers::paired_codes;
 use crate::model::nvfp4::Nvfp4Matrix;
 
 /// The lm_head's weights on the device.
@@ -14,8 +15,8 @@ use crate::model::nvfp4::Nvfp4Matrix;
 pub enum LmHeadWeights {
     /// [vocab, hidden] row-major.
     Bf16(DeviceBuffer<bf16>),
-    /// ModelOpt layout: codes [vocab, hidden/2], e4m3 block scales [vocab, hidden/16], the global
-    /// scale.
+    /// Codes [vocab, hidden/2] (ModelOpt's, in the paired layout of the architecture:
+    /// [`paired_codes`]), e4m3 block scales [vocab, hidden/16], the global scale.
     Nvfp4 { packed: DeviceBuffer<E2m1x2>, scales: DeviceBuffer<E4m3>, scale2: DeviceBuffer<f32> },
 }
 
@@ -84,10 +85,10 @@ impl LmHead {
                 m.scales.len()
             )));
         }
-        let packed: Vec<E2m1x2> = m.packed.iter().map(|&b| E2m1x2(b)).collect();
         let scales: Vec<E4m3> = m.scales.iter().map(|&b| E4m3(b)).collect();
         let weights = LmHeadWeights::Nvfp4 {
-            packed: gpu.upload(&packed)?,
+            // The kernel reads its codes in the paired layout of the architecture.
+            packed: paired_codes::upload(gpu, "lm_head codes", &m.packed)?,
             scales: gpu.upload(&scales)?,
             scale2: gpu.upload(&[m.scale_2])?,
         };
@@ -95,7 +96,8 @@ impl LmHead {
         LmHead::with(gpu, vocab, hidden, weights, kernel, tiles.waves)
     }
 
-    /// Takes weights already on the device (made there: `crate::synthetic`), checks their lengths
+    /// Takes weights already on the device (made there: `crate::synthetic`; NVFP4 codes in
+    /// [`paired_codes::layout`]), checks their lengths
     /// against vocab × hidden and compiles the kernel of their format.
     pub fn from_device(
         gpu: &Gpu,

@@ -6,6 +6,7 @@ pub mod lm_head;
 pub mod matrix;
 pub mod mix;
 pub mod moe;
+pub mod paired_codes;
 pub mod ple;
 pub mod qsa;
 pub mod sample;

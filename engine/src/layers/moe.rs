@@ -2,7 +2,6 @@
 //! its three launches (router, gate+up, down).
 
 use half::bf16;
-use kernel_dsl::e2m1_pairs::{self, Layout};
 use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
@@ -10,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::kernels::moe::down::{moe_down_bf16, moe_down_nvfp4};
 use crate::kernels::moe::gate_up::{moe_gate_up_bf16, moe_gate_up_nvfp4};
 use crate::kernels::moe::router::moe_router;
+use crate::layers::paired_codes;
 use crate::model::nvfp4::Nvfp4Matrix;
 
 /// The shape of a MoE block.
@@ -104,20 +104,6 @@ pub enum ExpertsOnDevice {
     Bf16 { gate_up: DeviceBuffer<bf16>, down: DeviceBuffer<bf16> },
 }
 
-/// The layout of the stacked gate/up codes on `gpu`'s device (`kernel_dsl::e2m1_pairs`): what
-/// reads them back as ModelOpt codes undoes it with `e2m1_pairs::from_layout`.
-pub fn gate_up_layout(gpu: &Gpu) -> Layout {
-    Layout::for_arch(gpu.arch())
-}
-
-/// The stacked gate/up codes in `buf` as ModelOpt codes (the device holds them in
-/// [`gate_up_layout`]): for whatever compares them or computes with them on the host.
-pub fn download_gate_up_codes(gpu: &Gpu, buf: &DeviceBuffer<E2m1x2>) -> Result<Vec<u8>> {
-    let mut codes: Vec<u8> = gpu.download(buf)?.into_iter().map(|c| c.0).collect();
-    e2m1_pairs::from_layout(&mut codes, gate_up_layout(gpu)).map_err(Error::Buffer)?;
-    Ok(codes)
-}
-
 /// A MoE block's weights on the device.
 #[derive(Debug)]
 pub struct MoeWeightsOnDevice {
@@ -157,16 +143,13 @@ impl MoeWeightsOnDevice {
         }
         let bytes = |v: &[u8]| v.iter().map(|&b| E2m1x2(b)).collect::<Vec<_>>();
         let codes = |v: &[u8]| v.iter().map(|&b| E4m3(b)).collect::<Vec<_>>();
-        // The gate/up kernel reads its codes in the architecture's paired layout.
-        let mut gate_up_packed = s.gate_up_packed.clone();
-        e2m1_pairs::to_layout(&mut gate_up_packed, gate_up_layout(gpu))
-            .map_err(|e| Error::Buffer(format!("MoE stacked gate/up codes: {e}")))?;
         Ok(MoeWeightsOnDevice {
             shape,
             router: gpu.upload(router)?,
             shared_gate: gpu.upload(shared_gate)?,
             experts: ExpertsOnDevice::Nvfp4 {
-                gate_up_packed: gpu.upload(&bytes(&gate_up_packed))?,
+                // The gate/up kernel reads its codes in the paired layout of the architecture.
+                gate_up_packed: paired_codes::upload(gpu, "MoE stacked gate/up codes", &s.gate_up_packed)?,
                 gate_up_scales: gpu.upload(&codes(&s.gate_up_scales))?,
                 gate_up_scale2: gpu.upload(&s.gate_up_scale2)?,
                 down_packed: gpu.upload(&bytes(&s.down_packed))?,

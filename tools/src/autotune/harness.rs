@@ -14,8 +14,8 @@ use engine::layers::mix::{
 };
 use engine::layers::moe::{
     ExpertsOnDevice, MoeKernels, MoeLaunches, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice,
-    download_gate_up_codes,
 };
+use engine::layers::paired_codes;
 use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{Linear, MixWeights};
 use engine::{reference, synthetic};
@@ -189,7 +189,7 @@ impl Moe<'_> {
                     let codes = |v: Vec<kernel_dsl::E4m3>| v.into_iter().map(|b| b.0).collect::<Vec<u8>>();
                     (
                         Stacked::Nvfp4 {
-                            packed: download_gate_up_codes(g, gate_up_packed).map_err(err)?,
+                            packed: paired_codes::download(g, gate_up_packed).map_err(err)?,
                             scales: codes(g.download(gate_up_scales).map_err(err)?),
                             scale2: g.download(gate_up_scale2).map_err(err)?,
                         },
@@ -347,7 +347,7 @@ impl Harness<LmHeadTiles> for Head<'_> {
                 LmHeadWeights::Nvfp4 { packed, scales, scale2 } => Nvfp4Matrix {
                     rows: self.vocab,
                     cols: self.hidden,
-                    packed: self.gpu.download(packed).map_err(err)?.into_iter().map(|b| b.0).collect(),
+                    packed: paired_codes::download(self.gpu, packed).map_err(err)?,
                     scales: self.gpu.download(scales).map_err(err)?.into_iter().map(|b| b.0).collect(),
                     scale_2: self.gpu.download(scale2).map_err(err)?[0],
                 }

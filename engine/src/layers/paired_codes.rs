@@ -1,0 +1,31 @@
+//! NVFP4 codes in the layout the `_paired` kernels read (`kernel_dsl::e2m1_pairs`): the MoE
+//! gate/up projection's and the lm_head's. On sm_90 that is the paired layout, which those
+//! kernels decode in fewer instructions; on sm_121a, which converts in hardware, ModelOpt's.
+//! Everything that puts such codes on the device or reads them back goes through here, so the
+//! host always sees ModelOpt's codes.
+
+use kernel_dsl::E2m1x2;
+use kernel_dsl::e2m1_pairs::{self, Layout};
+
+use crate::cuda::{DeviceBuffer, Gpu};
+use crate::error::{Error, Result};
+
+/// The layout of these codes on `gpu`'s device.
+pub fn layout(gpu: &Gpu) -> Layout {
+    Layout::for_arch(gpu.arch())
+}
+
+/// ModelOpt codes (two a byte), uploaded in [`layout`]; `what` names them in an error.
+pub fn upload(gpu: &Gpu, what: &str, codes: &[u8]) -> Result<DeviceBuffer<E2m1x2>> {
+    let mut v = codes.to_vec();
+    e2m1_pairs::to_layout(&mut v, layout(gpu)).map_err(|e| Error::Buffer(format!("{what}: {e}")))?;
+    gpu.upload(&v.into_iter().map(E2m1x2).collect::<Vec<_>>())
+}
+
+/// The codes in `buf` (in [`layout`]) as ModelOpt codes: for whatever compares them or computes
+/// with them on the host.
+pub fn download(gpu: &Gpu, buf: &DeviceBuffer<E2m1x2>) -> Result<Vec<u8>> {
+    let mut codes: Vec<u8> = gpu.download(buf)?.into_iter().map(|c| c.0).collect();
+    e2m1_pairs::from_layout(&mut codes, layout(gpu)).map_err(Error::Buffer)?;
+    Ok(codes)
+}
