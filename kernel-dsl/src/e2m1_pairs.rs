@@ -21,13 +21,14 @@
 //!
 //! Pairs 2 and 3 are made by one multiply each: 68 = 2^6 + 2^2 copies the masked bits twice, the
 //! magnitudes 6 bits up and the signs 2 bits up (514 = 2^9 + 2^1: 9 and 1), and the two copies never
-//! share a bit, so the sum is their or and nothing carries. No two translates of the f16 pattern
-//! tile a word, so two pairs need the multiply (a search over every placement found this one).
+//! share a bit, so the sum is their or and nothing carries. At most two shifted copies of the
+//! f16 pattern fit in a word without sharing a bit (four in two words), so two pairs cannot be
+//! one shift and one mask; an exhaustive search over the other two's placements found this one.
 //!
 //! The layout is per architecture: sm_121a converts ModelOpt's bytes in hardware
 //! (`cvt.rn.f16x2.e2m1x2`) and keeps [`Layout::Nibbles`]. Weights go into the paired layout on the
-//! host ([`to_pairs`]) or on the device (the engine's `e2m1_pair_words` kernel, whose CPU reference
-//! is [`pair_word`]); whatever reads them back as ModelOpt codes undoes it ([`from_pairs`]).
+//! host ([`to_layout`]) or on the device (the engine's `e2m1_pair_words` kernel, whose CPU reference
+//! is [`pair_word`]); whatever reads them back as ModelOpt codes undoes it ([`from_layout`]).
 
 use crate::arch::Arch;
 
@@ -100,22 +101,12 @@ pub fn to_layout(codes: &mut [u8], layout: Layout) -> Result<(), String> {
     }
 }
 
-/// [`to_layout`] with [`Layout::Pairs`].
-pub fn to_pairs(codes: &mut [u8]) -> Result<(), String> {
-    to_layout(codes, Layout::Pairs)
-}
-
 /// Code bytes in `layout` back to ModelOpt's, in place.
 pub fn from_layout(codes: &mut [u8], layout: Layout) -> Result<(), String> {
     match layout {
         Layout::Nibbles => Ok(()),
         Layout::Pairs => map_words(codes, unpair_word),
     }
-}
-
-/// [`from_layout`] with [`Layout::Pairs`].
-pub fn from_pairs(codes: &mut [u8]) -> Result<(), String> {
-    from_layout(codes, Layout::Pairs)
 }
 
 /// The sm_90 decode of the prelude's `e2m1x8_to_f16x2_paired`, in integer arithmetic on the host:
@@ -208,15 +199,15 @@ mod tests {
         let (_, ws) = words(33);
         let canonical: Vec<u8> = ws.iter().flat_map(|w| w.to_le_bytes()).collect();
         let mut b = canonical.clone();
-        to_pairs(&mut b).unwrap();
+        to_layout(&mut b, Layout::Pairs).unwrap();
         let first = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         assert_eq!(first, pair_word(ws[0]));
-        from_pairs(&mut b).unwrap();
+        from_layout(&mut b, Layout::Pairs).unwrap();
         assert_eq!(b, canonical);
         let mut same = canonical.clone();
         to_layout(&mut same, Layout::Nibbles).unwrap();
         assert_eq!(same, canonical);
-        let err = to_pairs(&mut b[..6]).unwrap_err();
+        let err = to_layout(&mut b[..6], Layout::Pairs).unwrap_err();
         assert!(err.contains("6 code bytes"), "{err}");
     }
 
