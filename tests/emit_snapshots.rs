@@ -551,6 +551,32 @@ pub fn grid_barrier(
     }
 }
 
+/// Rows streamed into shared memory by the copy engine: one thread per warp sets up the warp's
+/// mbarrier slot, announces and issues two bulk copies and arrives; every lane waits for the
+/// slot's first phase, then reads the rows where they landed.
+#[kernel(block = 64, grid = div_ceil(n, 64), require(n % 4 == 0))]
+pub fn bulk_rows(w: &[u32x4], scales: &[u8], y: &mut [u32], n: u32) {
+    let rows = shared::<u32x4, 64>();
+    let row_scales = shared::<u32, 16>();
+    let landed = shared::<u64, 2>();
+    let first = block_idx() * 64 + warp_id() * 32;
+    if lane_id() == 0 {
+        bulk_barrier_init(landed, warp_id(), 1);
+    }
+    sync_warp();
+    if lane_id() == 0 {
+        bulk_load(rows, warp_id() * 32, w, first, 512, landed, warp_id());
+        bulk_load(row_scales, warp_id() * 8, scales, first, 32, landed, warp_id());
+        bulk_barrier_arrive(landed, warp_id());
+    }
+    bulk_barrier_wait(landed, warp_id(), 0);
+    let i = first + lane_id();
+    if i < n {
+        let v = load_vec::<u32x4>(rows, thread_idx());
+        y[i] = v.x + (row_scales[thread_idx() / 4] >> (8 * (lane_id() % 4))) % 256;
+    }
+}
+
 /// Every example, by snapshot name. Kernels without an architecture in the name are emitted for
 /// sm_90; their text is the same for sm_121a except for the header line.
 fn all_sources() -> Vec<(&'static str, String)> {
@@ -578,6 +604,7 @@ fn all_sources() -> Vec<(&'static str, String)> {
         ("overlap_traced", traced::<overlap::Kernel>(&overlap::Tiles {}, Arch::Sm90)),
         ("early_batch", cuda::<early_batch::Kernel>(&early_batch::Tiles::DEFAULT, Arch::Sm90)),
         ("grid_barrier", cuda::<grid_barrier::Kernel>(&grid_barrier::Tiles { blocks: 64 }, Arch::Sm90)),
+        ("bulk_rows", cuda::<bulk_rows::Kernel>(&bulk_rows::Tiles {}, Arch::Sm90)),
     ]
 }
 
@@ -621,13 +648,14 @@ snapshot_tests! {
     overlap_traced => "overlap_traced",
     early_batch => "early_batch",
     grid_barrier => "grid_barrier",
+    bulk_rows => "bulk_rows",
 }
 
 #[test]
 fn every_example_has_a_snapshot_test() {
     // The list above and all_sources() name the same examples.
     let names: Vec<&str> = all_sources().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names.len(), 22);
+    assert_eq!(names.len(), 23);
     let mut sorted = names.clone();
     sorted.sort_unstable();
     sorted.dedup();

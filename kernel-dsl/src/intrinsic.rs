@@ -34,6 +34,23 @@ pub enum Intrinsic {
     /// `prefetch_l2(buffer, index, bytes)`: a bulk prefetch of `bytes` (a multiple of 16, from a
     /// 16-byte aligned element) into L2, fire and forget.
     PrefetchL2,
+    // Bulk copies into shared memory (sm_90+): the copy engine moves whole rows while the
+    // threads hold no registers for them, and an mbarrier in shared memory (a `shared::<u64, N>()`
+    // slot) counts the bytes that have landed.
+    /// `bulk_barrier_init(bars, i, arrivals)`: slot i becomes an mbarrier whose phase ends after
+    /// `arrivals` calls of `bulk_barrier_arrive` and every byte its `bulk_load`s announced. One
+    /// thread initialises a slot, then the threads that use it meet (`sync_warp`/`sync_threads`).
+    BulkBarrierInit,
+    /// `bulk_load(dst, d, src, s, bytes, bars, i)`: copies `bytes` (a multiple of 16; both
+    /// addresses 16-byte aligned) from the read-only global `src[s..]` to the shared `dst[d..]`
+    /// and adds them to what slot i's current phase waits for. Issued by one thread, before that
+    /// thread's `bulk_barrier_arrive` on the slot.
+    BulkLoad,
+    /// `bulk_barrier_arrive(bars, i)`: one of the slot's arrivals.
+    BulkBarrierArrive,
+    /// `bulk_barrier_wait(bars, i, parity)`: spins until the slot's phase of that parity (0 for
+    /// its first) has ended; the copies it counted are then visible to the waiting thread.
+    BulkBarrierWait,
     // Warp and block collectives.
     ShflXor,
     ShflDown,
@@ -195,6 +212,10 @@ impl Intrinsic {
             "grid_dependency_wait" => plain(Intrinsic::GridDependencyWait),
             "launch_dependents" => plain(Intrinsic::LaunchDependents),
             "prefetch_l2" => plain(Intrinsic::PrefetchL2),
+            "bulk_barrier_init" => plain(Intrinsic::BulkBarrierInit),
+            "bulk_load" => plain(Intrinsic::BulkLoad),
+            "bulk_barrier_arrive" => plain(Intrinsic::BulkBarrierArrive),
+            "bulk_barrier_wait" => plain(Intrinsic::BulkBarrierWait),
             "shfl_xor" => plain(Intrinsic::ShflXor),
             "shfl_down" => plain(Intrinsic::ShflDown),
             "shfl" => plain(Intrinsic::Shfl),
@@ -298,6 +319,10 @@ impl Intrinsic {
                 | Intrinsic::GridDependencyWait
                 | Intrinsic::LaunchDependents
                 | Intrinsic::PrefetchL2
+                | Intrinsic::BulkBarrierInit
+                | Intrinsic::BulkLoad
+                | Intrinsic::BulkBarrierArrive
+                | Intrinsic::BulkBarrierWait
                 | Intrinsic::GlobalTimer
                 | Intrinsic::LoadAcquire
                 | Intrinsic::StoreVec
@@ -364,6 +389,34 @@ impl Intrinsic {
                 let index = index_type(args[1])?;
                 want(2, u32)?;
                 sig(vec![base, index, u32], Type::Void)
+            }
+            I::BulkBarrierInit | I::BulkBarrierArrive | I::BulkBarrierWait => {
+                arity(if self == I::BulkBarrierArrive { 2 } else { 3 })?;
+                let bars = barrier_slots(args[0], 1)?;
+                let index = index_type(args[1])?;
+                let mut params = vec![bars, index];
+                if self != I::BulkBarrierArrive {
+                    want(2, u32)?;
+                    params.push(u32);
+                }
+                sig(params, Type::Void)
+            }
+            I::BulkLoad => {
+                arity(7)?;
+                let dst = args[0];
+                if !matches!(dst, Type::Array { space: Space::Shared, .. }) {
+                    return Err(format!("argument 1 must be a shared array, found {dst}"));
+                }
+                let d = index_type(args[1])?;
+                let src = args[2];
+                if !matches!(src, Type::Ptr { mutable: false, .. }) {
+                    return Err(format!("argument 3 must be a read-only global pointer `&[T]`, found {src}"));
+                }
+                let s = index_type(args[3])?;
+                want(4, u32)?;
+                let bars = barrier_slots(args[5], 6)?;
+                let i = index_type(args[6])?;
+                sig(vec![dst, d, src, s, u32, bars, i], Type::Void)
             }
             I::ShflXor | I::ShflDown | I::Shfl => {
                 arity(2)?;
@@ -639,6 +692,7 @@ impl Intrinsic {
             I::LoadAcquire => &[Helper::LdAcquire],
             I::GridDependencyWait | I::LaunchDependents => &[Helper::GridDependency],
             I::PrefetchL2 => &[Helper::PrefetchL2],
+            I::BulkBarrierInit | I::BulkLoad | I::BulkBarrierArrive | I::BulkBarrierWait => &[Helper::BulkCopy],
             I::GlobalTimer => &[Helper::GlobalTimer],
             _ => &[],
         }
@@ -675,6 +729,16 @@ fn atomic(args: &[Type], elems: &[Scalar]) -> Result<Signature, String> {
         return Err(format!("argument 3 must be {value}, found {}", args[2]));
     }
     Ok(Signature { params: vec![base, index, value], ret: value })
+}
+
+/// The mbarrier slots a bulk intrinsic takes (its argument `n`, 1-based): a shared u64 array.
+fn barrier_slots(t: Type, n: usize) -> Result<Type, String> {
+    let bars = Type::Array { elem: Elem::Scalar(Scalar::U64), space: Space::Shared };
+    if t == bars {
+        Ok(bars)
+    } else {
+        Err(format!("argument {n} must be a shared u64 array of mbarrier slots (`shared::<u64, N>()`), found {t}"))
+    }
 }
 
 /// Indices are u32 (the usual case on a GPU), i32, or u64 for buffers past 4 GiB elements.
@@ -727,5 +791,34 @@ mod tests {
         assert_eq!((s.params[1], s.ret), (Type::U32, Type::U32));
         assert!(Intrinsic::LoadAcquire.signature(&[ptr, Type::U32]).is_err());
         assert!(Intrinsic::LoadAcquire.has_effect(), "a spin must not be hoisted or dropped");
+    }
+
+    #[test]
+    fn bulk_copies_take_shared_rows_and_barrier_slots() {
+        let bars = Type::Array { elem: Elem::Scalar(Scalar::U64), space: Space::Shared };
+        let rows = Type::Array { elem: Elem::Scalar(Scalar::U32), space: Space::Shared };
+        let codes = Type::Ptr { elem: Elem::Scalar(Scalar::U8), mutable: false };
+        let args = [rows, Type::IntLit, codes, Type::U32, Type::U32, bars, Type::IntLit];
+        let s = Intrinsic::BulkLoad.signature(&args).expect("bulk_load");
+        assert_eq!((s.params[1], s.params[6], s.ret), (Type::U32, Type::U32, Type::Void));
+        // Into global memory, from a writable buffer, or counted by a slot of the wrong type: refused.
+        let mut wrong = args;
+        wrong[0] = codes;
+        assert!(Intrinsic::BulkLoad.signature(&wrong).is_err());
+        let mut wrong = args;
+        wrong[2] = Type::Ptr { elem: Elem::Scalar(Scalar::U8), mutable: true };
+        assert!(Intrinsic::BulkLoad.signature(&wrong).is_err());
+        let mut wrong = args;
+        wrong[5] = rows;
+        assert!(Intrinsic::BulkLoad.signature(&wrong).is_err());
+        assert!(Intrinsic::BulkBarrierInit.signature(&[bars, Type::IntLit, Type::IntLit]).is_ok());
+        assert!(Intrinsic::BulkBarrierWait.signature(&[bars, Type::U32, Type::U32]).is_ok());
+        assert!(Intrinsic::BulkBarrierArrive.signature(&[bars, Type::U32]).is_ok());
+        assert!(Intrinsic::BulkBarrierArrive.signature(&[bars, Type::U32, Type::U32]).is_err());
+        for f in
+            [Intrinsic::BulkBarrierInit, Intrinsic::BulkLoad, Intrinsic::BulkBarrierArrive, Intrinsic::BulkBarrierWait]
+        {
+            assert!(f.has_effect(), "{f:?} must keep its place");
+        }
     }
 }

@@ -134,6 +134,8 @@ fn writes_argument(f: Intrinsic, i: usize) -> bool {
         I::BlockSum | I::BlockMax => i == 1,
         // nvfp4_mma_stage(v, xs, xsc, i, valid) writes the staged pairs and the scales.
         I::Nvfp4MmaStage => i == 1 || i == 2,
+        // bulk_load(dst, d, src, s, bytes, bars, i) fills dst; bulk_barrier_init sets up its slots.
+        I::BulkLoad | I::BulkBarrierInit => i == 0,
         _ => false,
     }
 }
@@ -211,5 +213,37 @@ mod tests {
             init: Expr::call(Intrinsic::BlockSum, vec![Expr::var("v", Type::F32), arr("scratch")], Type::F32),
         };
         assert_eq!(read_but_never_written(&[shared("scratch"), sum]), None);
+    }
+
+    #[test]
+    fn a_bulk_copy_fills_its_destination_and_an_init_its_barrier_slots() {
+        let copy = |dst: &str, bars: &str| {
+            let args = vec![
+                arr(dst),
+                Expr::u32(0),
+                Expr::var("w", Type::Ptr { elem: Elem::Scalar(Scalar::U32), mutable: false }),
+                Expr::u32(0),
+                Expr::u32(512),
+                arr(bars),
+                Expr::u32(0),
+            ];
+            Stmt::Expr(Expr::call(Intrinsic::BulkLoad, args, Type::Void))
+        };
+        let init = Stmt::Expr(Expr::call(
+            Intrinsic::BulkBarrierInit,
+            vec![arr("landed"), Expr::u32(0), Expr::u32(1)],
+            Type::Void,
+        ));
+        let wait = Stmt::Expr(Expr::call(
+            Intrinsic::BulkBarrierWait,
+            vec![arr("landed"), Expr::u32(0), Expr::u32(0)],
+            Type::Void,
+        ));
+        let body = [shared("rows"), shared("landed"), init, copy("rows", "landed"), wait.clone(), read("rows")];
+        assert_eq!(read_but_never_written(&body), None);
+        // Rows read with no copy into them, or a slot waited on that nothing set up, are flagged.
+        assert_eq!(read_but_never_written(&[shared("rows"), shared("landed"), read("rows")]), Some("rows".into()));
+        let unset = [shared("rows"), shared("landed"), copy("rows", "landed"), wait, read("rows")];
+        assert_eq!(read_but_never_written(&unset), Some("landed".into()));
     }
 }

@@ -704,6 +704,16 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::GlobalTimer => "global_timer()".into(),
         I::LaunchDependents => "launch_dependents()".into(),
         I::PrefetchL2 => format!("prefetch_l2({}, {})", address(&args[0], &args[1]), a[2]),
+        I::BulkBarrierInit => format!("bulk_barrier_init({}, {})", address(&args[0], &args[1]), a[2]),
+        I::BulkLoad => format!(
+            "bulk_load({}, {}, {}, {})",
+            address(&args[0], &args[1]),
+            address(&args[2], &args[3]),
+            a[4],
+            address(&args[5], &args[6])
+        ),
+        I::BulkBarrierArrive => format!("bulk_barrier_arrive({})", address(&args[0], &args[1])),
+        I::BulkBarrierWait => format!("bulk_barrier_wait({}, {})", address(&args[0], &args[1]), a[2]),
         I::ShflXor => format!("__shfl_xor_sync(0xffffffffu, {}, {})", a[0], a[1]),
         I::ShflDown => format!("__shfl_down_sync(0xffffffffu, {}, {})", a[0], a[1]),
         I::Shfl => format!("__shfl_sync(0xffffffffu, {}, {})", a[0], a[1]),

@@ -110,6 +110,7 @@ pub enum Helper {
     LdAcquire,
     GridDependency,
     PrefetchL2,
+    BulkCopy,
     GlobalTimer,
 }
 
@@ -667,6 +668,35 @@ impl Helper {
                 "// A bulk copy engine prefetch into L2 (no registers held, nothing waited for).\n\
                  __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {\n\
                  \x20   asm volatile(\"cp.async.bulk.prefetch.L2.global [%0], %1;\" :: \"l\"(p), \"r\"(bytes) : \"memory\");\n\
+                 }\n"
+            }
+            H::BulkCopy => {
+                "// Bulk copies global -> shared by the copy engine (sm_90+), counted by an mbarrier in\n\
+                 // shared memory: its phase ends when its arrivals are in and the bytes announced have landed.\n\
+                 __device__ __forceinline__ unsigned shared_address(const void* p) {\n\
+                 \x20   return (unsigned)__cvta_generic_to_shared(p);\n\
+                 }\n\
+                 __device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar, unsigned arrivals) {\n\
+                 \x20   asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" :: \"r\"(shared_address(bar)), \"r\"(arrivals) : \"memory\");\n\
+                 \x20   // So that the copy engine (the async proxy) sees the barrier initialised.\n\
+                 \x20   asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n\
+                 }\n\
+                 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {\n\
+                 \x20   unsigned b = shared_address(bar);\n\
+                 \x20   asm volatile(\"mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\" :: \"r\"(b), \"r\"(bytes) : \"memory\");\n\
+                 \x20   asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\"\n\
+                 \x20                :: \"r\"(shared_address(dst)), \"l\"(src), \"r\"(bytes), \"r\"(b) : \"memory\");\n\
+                 }\n\
+                 __device__ __forceinline__ void bulk_barrier_arrive(unsigned long long* bar) {\n\
+                 \x20   unsigned long long state;\n\
+                 \x20   asm volatile(\"mbarrier.arrive.shared::cta.b64 %0, [%1];\" : \"=l\"(state) : \"r\"(shared_address(bar)) : \"memory\");\n\
+                 }\n\
+                 __device__ __forceinline__ void bulk_barrier_wait(unsigned long long* bar, unsigned parity) {\n\
+                 \x20   unsigned done = 0;\n\
+                 \x20   do {\n\
+                 \x20       asm volatile(\"{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\"\n\
+                 \x20                    : \"=r\"(done) : \"r\"(shared_address(bar)), \"r\"(parity) : \"memory\");\n\
+                 \x20   } while (!done);\n\
                  }\n"
             }
         }
