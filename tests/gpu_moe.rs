@@ -5,6 +5,7 @@
 //! outputs (the route among them) poisoned first.
 
 use engine::cuda::Gpu;
+use engine::kernels::moe::gate_up::moe_gate_up_nvfp4 as gate_up_nvfp4;
 use engine::layers::moe::{
     ExpertNvfp4, MoeKernels, MoeScratch, MoeShape, MoeTiles, MoeWeightsOnDevice, StackedNvfp4, enqueue,
 };
@@ -263,6 +264,20 @@ fn tile_variants(shape: MoeShape) -> Vec<MoeTiles> {
     v
 }
 
+/// The gate/up kernel's two ways of streaming its weights: by the lanes' own loads into registers
+/// (the defaults), and by bulk copies into shared memory (`BULK`) at each of that path's batch and
+/// residency candidates, which a one-tile change from the defaults cannot reach (it needs whole
+/// warps a row group).
+fn gate_up_paths(shape: MoeShape) -> Vec<MoeTiles> {
+    let base = MoeTiles::default();
+    let bulk = gate_up_nvfp4::Tiles::candidates().into_iter().filter(|t| t.bulk > 0 && !t.prefetch);
+    let mut v: Vec<MoeTiles> =
+        std::iter::once(base).chain(bulk.map(|t| MoeTiles { gate_up_nvfp4: t, ..base })).collect();
+    v.retain(|t| t.check(shape).is_ok());
+    assert!(v.len() > 1, "a bulk tile set and the defaults must fit {shape:?}");
+    v
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn moe_nvfp4_matches_the_reference() {
@@ -275,6 +290,14 @@ fn moe_nvfp4_matches_the_reference() {
     // first) at both shapes.
     let published = router_variants(PUBLISHED);
     nvfp4_case(&gpu, &mut rng, PUBLISHED, &published, Logits::Random);
+    let (tiny_paths, published_paths) = (gate_up_paths(TINY), gate_up_paths(PUBLISHED));
+    println!(
+        "gate/up paths: {} tile sets at the tiny shape, {} at the published one",
+        tiny_paths.len(),
+        published_paths.len()
+    );
+    nvfp4_case(&gpu, &mut rng, TINY, &tiny_paths, Logits::Random);
+    nvfp4_case(&gpu, &mut rng, PUBLISHED, &published_paths, Logits::Random);
     for logits in [Logits::TiedPairs, Logits::AllTied] {
         nvfp4_case(&gpu, &mut rng, TINY, &router_variants(TINY), logits);
         nvfp4_case(&gpu, &mut rng, PUBLISHED, &published, logits);

@@ -34,6 +34,19 @@ use kernel_macros::kernel;
 /// The kernel overlaps the router (programmatic dependent launch): before the wait only the
 /// shared expert's blocks run, asking L2 for their rows, which do not depend on the route; with
 /// PREFETCH the routed blocks do the same for theirs once the route is known.
+///
+/// BULK > 0 (the longest row it takes, `hidden ≤ BULK`; whole warps a row group, 16 rows a
+/// block) streams the weights by the copy engine instead of by the lanes: lane 0 of each warp
+/// asks for its rows' codes and scales in four bulk copies into shared memory (46 KB a block at
+/// the published shape) as soon as it knows the expert, counted by the warp's own mbarrier, and
+/// the warp's lanes read them from there once they have landed. A block then has all its bytes in
+/// flight at once (the lanes' loads, held in registers, come in rounds of BATCH chunks), four
+/// blocks an SM fit, and the shared expert's blocks fill their shared memory before the wait.
+/// Correct, and slower: on the H200 12.4 µs alone against 8.9 for the lanes' rounds, the step
+/// 1.7% to 2.7% slower (2026-12-02, BENCHMARKS.md, MoE section). The decode's instructions take
+/// about as long as the bytes, and with every byte in flight at once they start only as the
+/// rows land, near the end, where the rounds overlap one round's products with the next one's
+/// loads. So it is off by default, a candidate for the autotuner.
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(inter.max(shared_inter), WARPS * (32 / LANES) * ROWS), top_k + 1),
@@ -46,6 +59,9 @@ use kernel_macros::kernel;
         shared_inter % 16 == 0,
         h_stride >= inter.max(shared_inter),
         h_stride % 16 == 0,
+        // Bulk copies move 16-byte multiples between 16-byte aligned addresses: a row's scales
+        // (hidden/16 bytes) must be one.
+        BULK == 0 || (LANES == 32 && WARPS * ROWS == 16 && hidden <= BULK && hidden % 256 == 0),
     ),
 )]
 pub fn moe_gate_up_nvfp4(
@@ -53,8 +69,9 @@ pub fn moe_gate_up_nvfp4(
     #[tile(default = 16, candidates = [16, 32])] LANES: u32,
     #[tile(default = 8, candidates = [4, 8])] WARPS: u32,
     #[tile(default = 5, candidates = [5, 10])] BATCH: u32,
-    #[tile(default = 2, candidates = [0, 2, 3])] MIN_BLOCKS: u32,
+    #[tile(default = 2, candidates = [0, 2, 3, 4])] MIN_BLOCKS: u32,
     #[tile(default = false, candidates = [false, true])] PREFETCH: bool,
+    #[tile(default = 0, candidates = [0, 2560])] BULK: u32,
     x_staged: &[u32x4],
     x_scale: &[f32],
     ids: &[u32],
@@ -78,7 +95,39 @@ pub fn moe_gate_up_nvfp4(
     let tile0 = block_idx() * tile_rows;
     // This block's rows that exist (the grid covers the larger of the two sizes).
     let tile_len = if tile0 < rows { min(tile_rows, rows - tile0) } else { 0 };
-    if !routed && thread_idx() < 2 && tile_len > 0 {
+    let lane = lane_id() % LANES;
+    let local0 = ((warp_id() * (32 / LANES)) + lane_id() / LANES) * ROWS;
+    let row0 = tile0 + local0;
+    let active = row0 < rows;
+    // BULK: warp w's rows in shared memory, its ROWS gate rows then its ROWS up rows, codes (16
+    // values a u32x2) and scales (four a word) each compact at the row's length; slot w of
+    // `landed` counts their bytes. (One element each when BULK is 0: no zero-length arrays.)
+    let row_codes = hidden / 16;
+    let row_scale_words = hidden / 64;
+    let codes_s = shared::<u32x2, { 1 + WARPS * 2 * ROWS * (BULK / 16) }>();
+    let scales_s = shared::<u32, { 1 + WARPS * 2 * ROWS * (BULK / 64) }>();
+    let landed = shared::<u64, WARPS>();
+    let mine = warp_id() * 2 * ROWS;
+    let issues = lane_id() == 0 && active;
+    if BULK > 0 {
+        if issues {
+            bulk_barrier_init(landed, warp_id(), 1);
+        }
+        sync_warp();
+    }
+    if BULK > 0 && issues && !routed {
+        // The shared expert's rows do not depend on the route: they stream during the router.
+        let gate = experts * 2 * inter + row0;
+        #[unroll]
+        for m in 0..2 {
+            let src = gate + m * rows;
+            let (c, w) = ((mine + m * ROWS) * row_codes, (mine + m * ROWS) * row_scale_words);
+            bulk_load(codes_s, c, packed, src * (hidden / 2), ROWS * (hidden / 2), landed, warp_id());
+            bulk_load(scales_s, w, scales, src * (hidden / 16), ROWS * (hidden / 16), landed, warp_id());
+        }
+        bulk_barrier_arrive(landed, warp_id());
+    }
+    if BULK == 0 && !routed && thread_idx() < 2 && tile_len > 0 {
         // Gate rows, then up rows `rows` further on.
         let first = experts * 2 * inter + tile0 + thread_idx() * rows;
         prefetch_l2(packed, first * (hidden / 2), tile_len * (hidden / 2));
@@ -90,21 +139,49 @@ pub fn moe_gate_up_nvfp4(
     launch_dependents();
 
     let expert = if routed { ids[slot] } else { experts };
-    if PREFETCH && routed && thread_idx() < 2 && tile_len > 0 {
+    if PREFETCH && BULK == 0 && routed && thread_idx() < 2 && tile_len > 0 {
         let first = expert * 2 * inter + tile0 + thread_idx() * rows;
         prefetch_l2(packed, first * (hidden / 2), tile_len * (hidden / 2));
         prefetch_l2(scales, first * (hidden / 16), tile_len * (hidden / 16));
     }
-    let lane = lane_id() % LANES;
-    let local0 = ((warp_id() * (32 / LANES)) + lane_id() / LANES) * ROWS;
-    let row0 = tile0 + local0;
-    let active = row0 < rows;
     // The gate row r of this expert, as a row of the stacked matrix; its up row is `rows` further.
     let gate0 = expert * 2 * inter + row0;
+    if BULK > 0 && issues && routed {
+        // The warp's gate rows, then its up rows: one copy each of codes and of scales.
+        #[unroll]
+        for m in 0..2 {
+            let src = gate0 + m * rows;
+            let (c, w) = ((mine + m * ROWS) * row_codes, (mine + m * ROWS) * row_scale_words);
+            bulk_load(codes_s, c, packed, src * (hidden / 2), ROWS * (hidden / 2), landed, warp_id());
+            bulk_load(scales_s, w, scales, src * (hidden / 16), ROWS * (hidden / 16), landed, warp_id());
+        }
+        bulk_barrier_arrive(landed, warp_id());
+    }
 
     let mut g_acc = [0.0; ROWS];
     let mut u_acc = [0.0; ROWS];
-    if active {
+    if BULK > 0 && active {
+        bulk_barrier_wait(landed, warp_id(), 0);
+        // Lane l takes the 16-value chunks l, l + 32, ... of each row, 8 bytes apart in shared
+        // memory across the warp (no bank conflicts); its scale is byte k % 4 of a word.
+        #[unroll(BATCH)]
+        for k in (lane_id()..hidden / 16).step_by(32) {
+            let xa = load_vec::<u32x4>(x_staged, 2 * k);
+            let xb = load_vec::<u32x4>(x_staged, 2 * k + 1);
+            let xs = x_scale[k];
+            let byte = 8 * (k % 4);
+            #[unroll]
+            for r in 0..ROWS {
+                let gw = load_vec::<u32x2>(codes_s, (mine + r) * row_codes + k);
+                let uw = load_vec::<u32x2>(codes_s, (mine + ROWS + r) * row_codes + k);
+                let gs = e4m3x4_to_f32x4((scales_s[(mine + r) * row_scale_words + k / 4] >> byte) & 255).x;
+                let us = e4m3x4_to_f32x4((scales_s[(mine + ROWS + r) * row_scale_words + k / 4] >> byte) & 255).x;
+                g_acc[r] += dot_e2m1x16_paired(gw, xa, xb) * (gs * xs);
+                u_acc[r] += dot_e2m1x16_paired(uw, xa, xb) * (us * xs);
+            }
+        }
+    }
+    if BULK == 0 && active {
         // Rounds of BATCH chunks a lane: the round's codes and scales are all loaded before the
         // first is used (a loop that uses each load right after issuing it keeps one or two in
         // flight). Past the end of the row a lane repeats its last chunk with a zero factor.
