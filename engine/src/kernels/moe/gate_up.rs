@@ -43,10 +43,11 @@ use kernel_macros::kernel;
 /// flight at once (the lanes' loads, held in registers, come in rounds of BATCH chunks), four
 /// blocks an SM fit, and the shared expert's blocks fill their shared memory before the wait.
 /// Correct, and slower: on the H200 12.4 µs alone against 8.9 for the lanes' rounds, the step
-/// 1.7% to 2.7% slower (2026-12-02, BENCHMARKS.md, MoE section). The decode's instructions take
-/// about as long as the bytes, and with every byte in flight at once they start only as the
-/// rows land, near the end, where the rounds overlap one round's products with the next one's
-/// loads. So it is off by default, a candidate for the autotuner.
+/// 1.7% to 2.7% slower (2026-12-02, BENCHMARKS.md, MoE section). Without their products the
+/// two take about as long (7.5 against 7.2 µs), but with every byte in flight at once the rows
+/// land near the end, so the products come after the transfer (4.9 µs more), where the rounds
+/// overlap one round's products with the next one's loads (1.8 µs more). So it is off by
+/// default, a candidate for the autotuner.
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(inter.max(shared_inter), WARPS * (32 / LANES) * ROWS), top_k + 1),
