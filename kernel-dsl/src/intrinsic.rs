@@ -144,6 +144,10 @@ pub enum Intrinsic {
     /// g == 2q, the lanes that carry B's column 2q (the others pass zeros). Returns this lane's
     /// block sums: row g over its first and second block (`.x`, `.y`), row g + 8 (`.z`, `.w`).
     Nvfp4MmaSegment,
+    /// `nvfp4_mma_segment_paired(wa, wb, xs, at, own)`: [`Intrinsic::Nvfp4MmaSegment`] on codes in
+    /// the paired layout of the architecture (`crate::e2m1_pairs`: nine integer instructions a
+    /// word on sm_90 instead of about sixteen; ModelOpt's layout on sm_121a).
+    Nvfp4MmaSegmentPaired,
     /// `nvfp4_mma_stage(v, xs, xsc, i, valid)`: stages eight bf16 activations (`v`, a `u32x4`)
     /// for `nvfp4_mma_segment`, as value i / 8 of a slice: the 16 lanes of a 128-value segment
     /// (one half of a warp, all of whose lanes must call it: it shuffles) share a power-of-two
@@ -256,6 +260,7 @@ impl Intrinsic {
             "e2m1x8_to_f16x8" => plain(Intrinsic::E2m1x8ToF16x8),
             "mma_f16_16x8x16" => plain(Intrinsic::MmaF16),
             "nvfp4_mma_segment" => plain(Intrinsic::Nvfp4MmaSegment),
+            "nvfp4_mma_segment_paired" => plain(Intrinsic::Nvfp4MmaSegmentPaired),
             "nvfp4_mma_stage" => plain(Intrinsic::Nvfp4MmaStage),
             "atomic_max" => plain(Intrinsic::AtomicMax),
             "load_vec" => vector().map(Intrinsic::LoadVec),
@@ -545,7 +550,7 @@ impl Intrinsic {
                 want(2, c)?;
                 sig(vec![a, b, c], c)
             }
-            I::Nvfp4MmaSegment => {
+            I::Nvfp4MmaSegment | I::Nvfp4MmaSegmentPaired => {
                 arity(5)?;
                 let w = Type::Vector(Vector::U32x4);
                 want(0, w)?;
@@ -683,6 +688,7 @@ impl Intrinsic {
             I::E2m1x8ToF16x8 => &[Helper::E2m1x8ToF16x8],
             I::MmaF16 => &[Helper::MmaF16],
             I::Nvfp4MmaSegment => &[Helper::Nvfp4MmaSegment],
+            I::Nvfp4MmaSegmentPaired => &[Helper::Nvfp4MmaSegmentPaired],
             I::Nvfp4MmaStage => &[Helper::Nvfp4MmaStage],
             I::LoadStream(Vector::U32x4 | Vector::F32x4) => &[Helper::LdStreamV4],
             I::LoadStream(Vector::U32x2 | Vector::F32x2) => &[Helper::LdStreamV2],

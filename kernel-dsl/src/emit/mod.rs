@@ -758,6 +758,7 @@ fn call_text(f: Intrinsic, args: &[Expr]) -> String {
         I::E2m1x8ToF16x8 => join("e2m1x8_to_f16x8"),
         I::MmaF16 => join("mma_f16_16x8x16"),
         I::Nvfp4MmaSegment => join("nvfp4_mma_segment"),
+        I::Nvfp4MmaSegmentPaired => join("nvfp4_mma_segment_paired"),
         I::Nvfp4MmaStage => join("nvfp4_mma_stage"),
         I::LoadStream(v) => {
             // Typing admits only the u32 forms: the loads move raw bits.

@@ -35,8 +35,10 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "dot_e2m1x16_paired",
     "stage_e2m1_x8",
     "e2m1x8_to_f16x8",
+    "e2m1x8_to_f16x8_paired",
     "mma_f16_16x8x16",
     "nvfp4_mma_segment",
+    "nvfp4_mma_segment_paired",
     "nvfp4_mma_stage",
     "warp_sum",
     "warp_max",
@@ -58,6 +60,72 @@ pub const HELPER_FUNCTIONS: &[&str] = &[
     "flashnext_trace",
     "flashnext_trace_blocks",
 ];
+
+/// The CUDA text of `e2m1x8_to_f16x8{suffix}`: the four pairs of the word decode `$pairs` as one
+/// vector, for the tensor-core products.
+macro_rules! f16x8_decode {
+    ($suffix:literal, $pairs:literal) => {
+        concat!(
+            "// ",
+            $pairs,
+            "'s four pairs as one vector, for the tensor-core products.\n",
+            "__device__ __forceinline__ uint4 e2m1x8_to_f16x8",
+            $suffix,
+            "(unsigned w) {\n",
+            "    uint4 p;\n",
+            "    ",
+            $pairs,
+            "(w, p.x, p.y, p.z, p.w);\n",
+            "    return p;\n",
+            "}\n"
+        )
+    };
+}
+
+/// The CUDA text of `nvfp4_mma_segment{suffix}`, whose codes are in `$layout`: one body for
+/// both layouts, which differ only in the word decode (`e2m1x8_to_f16x8{suffix}`); both decodes
+/// give the pairs in the order stage_e2m1_x8 stages x.
+macro_rules! nvfp4_mma_segment {
+    ($suffix:literal, $layout:literal) => {
+        concat!(
+            "// One 128-value segment of a warp's 16 NVFP4 rows (codes in ",
+            $layout,
+            ") on the\n",
+            "// tensor cores. Lane (q, g) brings 16 bytes of rows g and g + 8 (values 32q .. 32q + 31:\n",
+            "// words 0 and 1 its first 16-value block, 2 and 3 its second) and the staged x ([segment]\n",
+            "// [word j][lane q], four f16 pairs in the decode's order; `at` the word of j 0 and its q).\n",
+            "// In each product the four lanes of a row hold four different blocks, so B carries lane\n",
+            "// q's x in column 2q alone (the lanes g = 2q load it, the others pass zeros) and C's\n",
+            "// column 2q is lane q's block sum. Returns row g's sums over the lane's first and second\n",
+            "// block, then row g + 8's.\n",
+            "__device__ __forceinline__ float4 nvfp4_mma_segment",
+            $suffix,
+            "(uint4 wa, uint4 wb, const unsigned* xs, unsigned at, bool own) {\n",
+            "    const uint2 zero = make_uint2(0u, 0u);\n",
+            "    const unsigned wa_[4] = {wa.x, wa.y, wa.z, wa.w}, wb_[4] = {wb.x, wb.y, wb.z, wb.w};\n",
+            "    float4 blk[2];\n",
+            "#pragma unroll\n",
+            "    for (int b = 0; b < 2; ++b) {\n",
+            "        float4 c = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n",
+            "#pragma unroll\n",
+            "        for (int j = 2 * b; j < 2 * b + 2; ++j) {\n",
+            "            const uint4 p = e2m1x8_to_f16x8",
+            $suffix,
+            "(wa_[j]), r = e2m1x8_to_f16x8",
+            $suffix,
+            "(wb_[j]);\n",
+            "            const uint2 x0 = own ? *reinterpret_cast<const uint2*>(xs + at + 16u * j) : zero;\n",
+            "            const uint2 x1 = own ? *reinterpret_cast<const uint2*>(xs + at + 16u * j + 2u) : zero;\n",
+            "            c = mma_f16_16x8x16(make_uint4(p.x, r.x, p.y, r.y), x0, c);\n",
+            "            c = mma_f16_16x8x16(make_uint4(p.z, r.z, p.w, r.w), x1, c);\n",
+            "        }\n",
+            "        blk[b] = c;\n",
+            "    }\n",
+            "    return make_float4(blk[0].x, blk[1].x, blk[0].z, blk[1].z);\n",
+            "}\n"
+        )
+    };
+}
 
 /// One helper (a type or a device function) of the prelude.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,8 +160,10 @@ pub enum Helper {
     DotE2m1x16Paired,
     StageE2m1x8,
     E2m1x8ToF16x8,
+    E2m1x8ToF16x8Paired,
     MmaF16,
     Nvfp4MmaSegment,
+    Nvfp4MmaSegmentPaired,
     Nvfp4MmaStage,
     WarpSum,
     WarpMax,
@@ -134,7 +204,9 @@ impl Helper {
             H::DotE2m1x16Paired => &[H::E2m1x8ToF16x2Paired, H::DotF16Pairs],
             H::StageE2m1x8 => &[H::PackF16x2],
             H::E2m1x8ToF16x8 => &[H::E2m1x8ToF16x2],
+            H::E2m1x8ToF16x8Paired => &[H::E2m1x8ToF16x2Paired],
             H::Nvfp4MmaSegment => &[H::E2m1x8ToF16x8, H::MmaF16],
+            H::Nvfp4MmaSegmentPaired => &[H::E2m1x8ToF16x8Paired, H::MmaF16],
             H::Nvfp4MmaStage => &[H::Bf16x2ToFloat2, H::StageE2m1x8],
             H::BlockSum => &[H::WarpSum],
             H::BlockMax => &[H::WarpMax],
@@ -478,14 +550,8 @@ impl Helper {
                  \x20       pack_f16x2(lo.z * s, hi.z * s), pack_f16x2(lo.w * s, hi.w * s));\n\
                  }\n"
             }
-            H::E2m1x8ToF16x8 => {
-                "// e2m1x8_to_f16x2's four pairs as one vector, for the tensor-core products.\n\
-                 __device__ __forceinline__ uint4 e2m1x8_to_f16x8(unsigned w) {\n\
-                 \x20   uint4 p;\n\
-                 \x20   e2m1x8_to_f16x2(w, p.x, p.y, p.z, p.w);\n\
-                 \x20   return p;\n\
-                 }\n"
-            }
+            H::E2m1x8ToF16x8 => f16x8_decode!("", "e2m1x8_to_f16x2"),
+            H::E2m1x8ToF16x8Paired => f16x8_decode!("_paired", "e2m1x8_to_f16x2_paired"),
             H::MmaF16 => {
                 "// One warp's D = A·B + C: A 16 x 16 and B 16 x 8 in f16, C and D in f32, on the tensor\n\
                  // cores (sm_80 and later), fragments as PTX's mma.m16n8k16 lays them out.\n\
@@ -497,34 +563,8 @@ impl Helper {
                  \x20   return d;\n\
                  }\n"
             }
-            H::Nvfp4MmaSegment => {
-                "// One 128-value segment of a warp's 16 NVFP4 rows on the tensor cores. Lane (q, g) brings\n\
-                 // 16 bytes of rows g and g + 8 (values 32q .. 32q + 31: words 0 and 1 its first 16-value\n\
-                 // block, 2 and 3 its second) and the staged x ([segment][word j][lane q], four f16 pairs\n\
-                 // in the decode's order; `at` the word of j 0 and its q). In each product the four lanes\n\
-                 // of a row hold four different blocks, so B carries lane q's x in column 2q alone (the\n\
-                 // lanes g = 2q load it, the others pass zeros) and C's column 2q is lane q's block sum.\n\
-                 // Returns row g's sums over the lane's first and second block, then row g + 8's.\n\
-                 __device__ __forceinline__ float4 nvfp4_mma_segment(uint4 wa, uint4 wb, const unsigned* xs, unsigned at, bool own) {\n\
-                 \x20   const uint2 zero = make_uint2(0u, 0u);\n\
-                 \x20   const unsigned wa_[4] = {wa.x, wa.y, wa.z, wa.w}, wb_[4] = {wb.x, wb.y, wb.z, wb.w};\n\
-                 \x20   float4 blk[2];\n\
-                 #pragma unroll\n\
-                 \x20   for (int b = 0; b < 2; ++b) {\n\
-                 \x20       float4 c = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n\
-                 #pragma unroll\n\
-                 \x20       for (int j = 2 * b; j < 2 * b + 2; ++j) {\n\
-                 \x20           const uint4 p = e2m1x8_to_f16x8(wa_[j]), r = e2m1x8_to_f16x8(wb_[j]);\n\
-                 \x20           const uint2 x0 = own ? *reinterpret_cast<const uint2*>(xs + at + 16u * j) : zero;\n\
-                 \x20           const uint2 x1 = own ? *reinterpret_cast<const uint2*>(xs + at + 16u * j + 2u) : zero;\n\
-                 \x20           c = mma_f16_16x8x16(make_uint4(p.x, r.x, p.y, r.y), x0, c);\n\
-                 \x20           c = mma_f16_16x8x16(make_uint4(p.z, r.z, p.w, r.w), x1, c);\n\
-                 \x20       }\n\
-                 \x20       blk[b] = c;\n\
-                 \x20   }\n\
-                 \x20   return make_float4(blk[0].x, blk[1].x, blk[0].z, blk[1].z);\n\
-                 }\n"
-            }
+            H::Nvfp4MmaSegment => nvfp4_mma_segment!("", "ModelOpt's layout"),
+            H::Nvfp4MmaSegmentPaired => nvfp4_mma_segment!("_paired", "the paired layout (kernel_dsl::e2m1_pairs)"),
             H::Nvfp4MmaStage => {
                 "// Eight bf16 activations, value i / 8 of a slice, staged for nvfp4_mma_segment. The 16\n\
                  // lanes of a 128-value segment (half a warp; every lane calls this: it shuffles) share\n\
