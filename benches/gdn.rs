@@ -43,6 +43,7 @@ use engine::layers::matrix::MatrixOnDevice;
 use flashnext::bench::{GB10_STREAMING_BYTES_PER_S, H200_REFERENCE_BYTES_PER_S, Recorder, Sample, Unit, replay_times};
 use flashnext::rng::Rng;
 use half::bf16;
+use kernel_dsl::e2m1_pairs::Layout;
 use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
 use kernel_macros::kernel;
 
@@ -106,7 +107,13 @@ fn layer_weights(
         fill(gpu, fk, &mut packed, seed + 3, u32::MAX, 0);
         // e4m3 bytes 0b0_0101_xxx to 0b0_1000_xxx: 2^-2 to 2^1.875.
         fill(gpu, fk, &mut scales, seed + 4, 0x1f1f_1f1f, 0x2828_2828);
-        InProjOnDevice::Nvfp4 { packed, scales, scale2: gpu.upload(&[0.01f32; 4]).expect("alloc") }
+        // Random bits are codes in either layout (`sweep` says which its kernel reads).
+        InProjOnDevice::Nvfp4 {
+            packed,
+            scales,
+            scale2: gpu.upload(&[0.01f32; 4]).expect("alloc"),
+            layout: Layout::Nibbles,
+        }
     } else {
         let mut b = gpu.alloc(values).expect("alloc");
         fill_bf16(gpu, fk, &mut b, seed);
@@ -438,7 +445,19 @@ fn whole_layer(
             .collect()
     };
     sweep(gpu, &launches, &[Stage::InProj], nvfp4, variants.clone(), in_proj_bytes, out);
-    if !nvfp4 {
+    if nvfp4 {
+        // The tensor-core input projection in the whole layer too, against the default: what its
+        // loads before the wait overlap there.
+        // The layer at the default tiles but its input projection's (the sweep's base has the
+        // norm in out_proj, for the bf16 sweeps below).
+        let d = GdnTiles::default();
+        let layer = variants
+            .into_iter()
+            .filter(|(_, t)| t.in_proj_nvfp4.mma == 1 || t.in_proj_nvfp4 == d.in_proj_nvfp4)
+            .map(|(label, t)| (label, GdnTiles { in_proj_nvfp4: t.in_proj_nvfp4, ..d }))
+            .collect();
+        sweep(gpu, &launches, &all, true, layer, SHAPE.layer_bytes(true, false), out);
+    } else {
         // The bf16 input projection's candidates in the whole layer too: with EARLY > 0 its first
         // weights load before its wait, overlapping the previous layer's out_proj.
         sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
@@ -494,7 +513,12 @@ fn sweep(
             continue;
         }
         let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };
-        let g = capture(gpu, launches, &k, stages);
+        // The input projection's codes are random bits, as good in the layout this kernel reads
+        // (the paired one for the tensor-core path) as in ModelOpt's: its launches say so.
+        let layout = k.in_proj_layout(gpu.arch());
+        let launches: Vec<GdnLaunches> =
+            launches.iter().map(|l| GdnLaunches { in_proj_layout: layout, ..*l }).collect();
+        let g = capture(gpu, &launches, &k, stages);
         report(
             &Line {
                 bench: "gdn-sweep",

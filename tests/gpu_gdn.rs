@@ -11,6 +11,7 @@
 //! gives the same bits. Fresh random inputs each run.
 
 use engine::cuda::Gpu;
+use engine::kernels::gdn::in_proj::gdn_in_proj_nvfp4;
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::kernels::gemv_nvfp4::gemv_nvfp4;
 use engine::layers::gdn::{
@@ -237,13 +238,15 @@ fn case_with(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, nvfp4_out: 
         w.out = lin(&m);
         m
     });
-    let dw = match &in_proj {
-        // upload_nvfp4 and upload_bf16 where they cover the case, `upload` with out_proj in NVFP4.
+    let mut dw = match &in_proj {
+        // upload_nvfp4 and upload_bf16 where they cover the case, `upload` with out_proj in NVFP4
+        // (the input projection's codes in the first tile set's layout, rearranged on the host).
         Some(m) if out_proj.is_none() => GdnWeightsOnDevice::upload_nvfp4(gpu, shape, [&m[0], &m[1], &m[2], &m[3]], &w),
         None if out_proj.is_none() => GdnWeightsOnDevice::upload_bf16(gpu, shape, &w),
         _ => {
             let in_proj = in_proj.as_ref().map(|m| [&m[0], &m[1], &m[2], &m[3]]);
-            GdnWeightsOnDevice::upload(gpu, shape, &w, in_proj, out_proj.as_ref())
+            let layout = tiles[0].in_proj_layout(gpu.arch());
+            GdnWeightsOnDevice::upload(gpu, shape, &w, in_proj, out_proj.as_ref(), layout)
         }
     }
     .expect("upload");
@@ -251,6 +254,8 @@ fn case_with(gpu: &Gpu, rng: &mut Rng, shape: GdnShape, nvfp4: bool, nvfp4_out: 
     let want = expected(&cfg, &w, &xs);
     for (i, t) in tiles.iter().enumerate() {
         let k = GdnKernels::load(gpu, *t).expect("compile");
+        // The tensor-core path reads its codes in the paired layout, the f32 path in ModelOpt's.
+        dw.set_in_proj_layout(gpu, t.in_proj_layout(gpu.arch())).expect("codes in the kernel's layout");
         let label = format!(
             "{}{} {shape:?} {t:?}",
             if nvfp4 { "nvfp4" } else { "bf16" },
@@ -306,7 +311,18 @@ fn gdn_published_shape_matches_the_reference() {
     let tiles = PATHS.map(|norm_at| GdnTiles { norm_at, ..GdnTiles::default() });
     assert_eq!(tiles[1], GdnTiles::default());
     case(&gpu, &mut rng, PUBLISHED, false, &tiles);
-    case(&gpu, &mut rng, PUBLISHED, true, &tiles);
+    // NVFP4: the input projection on its f32 path and on its tensor-core path (codes in the
+    // paired layout), at each residency it declares.
+    let mut nvfp4 = tiles.to_vec();
+    for min_blocks in [0, 4, 8] {
+        let in_proj_nvfp4 = gdn_in_proj_nvfp4::Tiles { rows: 16, mma: 1, direct: 0, min_blocks, ..TileSet::DEFAULT };
+        let t = GdnTiles { in_proj_nvfp4, ..GdnTiles::default() };
+        if t.check(PUBLISHED, true).is_ok() && !nvfp4.contains(&t) {
+            nvfp4.push(t);
+        }
+    }
+    assert!(nvfp4.iter().any(|t| t.in_proj_nvfp4.mma == 1), "{nvfp4:?}");
+    case(&gpu, &mut rng, PUBLISHED, true, &nvfp4);
 }
 
 #[test]

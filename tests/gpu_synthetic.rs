@@ -23,6 +23,7 @@ use engine::synthetic::{
 };
 use flashnext::rng::Rng;
 use half::bf16;
+use kernel_dsl::e2m1_pairs::{self, Layout};
 use kernel_dsl::{E2m1x2, E4m3};
 
 fn tiny_step() -> ModelConfig {
@@ -92,11 +93,15 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
     for nvfp4 in [false, true] {
         let formats = Formats::all(nvfp4);
         let mut seen = Vec::new();
-        let layers = synthetic::layers(&gpu, &cfg, &formats, seed, &mut |what, done, total| {
+        let mut layers = synthetic::layers(&gpu, &cfg, &formats, seed, &mut |what, done, total| {
             seen.push(done);
             assert_eq!((what, total), ("layer", cfg.num_layers));
         })
         .expect("layers");
+        // GDN's input projection in the layout its tensor-core path reads (the paired one on
+        // sm_90), rearranged on the device: read back into ModelOpt's, every code must be the fill's.
+        let gdn_layout = Layout::for_arch(gpu.arch());
+        synthetic::gdn_in_proj_to_layout(&gpu, &mut layers, gdn_layout).expect("GDN codes to the paired layout");
         assert_eq!(seen, (1..=cfg.num_layers).collect::<Vec<_>>(), "progress after every layer");
         let site = synthetic::mix_shape(&cfg, true);
         let (w, d) = (site.width(), cfg.hidden_size);
@@ -154,8 +159,11 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
                         }
                     }
                     match &g.in_proj {
-                        engine::layers::gdn::InProjOnDevice::Nvfp4 { packed, scales, scale2 } => {
-                            expect_nvfp4(&gpu, packed, scales, s, tag::GDN_IN_PROJ, &label("GDN in_proj"));
+                        engine::layers::gdn::InProjOnDevice::Nvfp4 { packed, scales, scale2, layout } => {
+                            assert_eq!(*layout, gdn_layout, "{}", label("GDN in_proj layout"));
+                            let mut codes: Vec<u8> = gpu.download(packed).expect("codes").iter().map(|c| c.0).collect();
+                            e2m1_pairs::from_layout(&mut codes, *layout).expect("whole words");
+                            expect_nvfp4_codes(&gpu, &codes, scales, s, tag::GDN_IN_PROJ, &label("GDN in_proj"));
                             let want = [nvfp4_scale_2(projection_std(d)); 4];
                             assert_eq!(gpu.download(scale2).expect("scale2"), want);
                         }

@@ -346,7 +346,12 @@ pub fn gdn(
     let in_std = projection_std(d);
     let in_proj = if nvfp4_in_proj {
         let (packed, scales) = f.new_nvfp4(gpu, shape.in_rows() * d, d, seed, tag::GDN_IN_PROJ)?;
-        InProjOnDevice::Nvfp4 { packed, scales, scale2: gpu.upload(&[nvfp4_scale_2(in_std); 4])? }
+        InProjOnDevice::Nvfp4 {
+            packed,
+            scales,
+            scale2: gpu.upload(&[nvfp4_scale_2(in_std); 4])?,
+            layout: Layout::Nibbles,
+        }
     } else {
         InProjOnDevice::Bf16(f.new_bf16(gpu, shape.in_rows() * d, seed, tag::GDN_IN_PROJ, Uniform::with_std(in_std))?)
     };
@@ -372,6 +377,28 @@ pub fn gdn(
         norm: f.new_bf16(gpu, shape.value_dim, seed, tag::GDN_NORM, Uniform::new(0.9, 1.1))?,
         out_proj,
     })
+}
+
+/// The NVFP4 input projections of `layers`' GDN layers (made in ModelOpt's layout by [`gdn`])
+/// in `layout`, the one the plan's kernel reads: rearranged in place on the device.
+pub fn gdn_in_proj_to_layout(gpu: &Gpu, layers: &mut [LayerOnDevice], layout: Layout) -> Result<()> {
+    let f = Fills::load(gpu)?;
+    for l in layers {
+        if let MixerOnDevice::Gdn(GdnWeightsOnDevice {
+            in_proj: InProjOnDevice::Nvfp4 { packed, layout: now, .. }, ..
+        }) = &mut l.mixer
+            && *now != layout
+        {
+            if *now != Layout::Nibbles {
+                return Err(Error::Buffer(format!(
+                    "GDN input projection codes in {now:?}: only ModelOpt's are rearranged here"
+                )));
+            }
+            f.to_layout(gpu, packed, layout)?;
+            *now = layout;
+        }
+    }
+    gpu.synchronize()
 }
 
 /// A QSA layer (bf16): the stacked projection 1/√d, o_proj 1/√(Hq·D), the four norms zero-centred.

@@ -30,13 +30,14 @@
 //! against 37.27), its state update with the norm 3.56 µs against 5.98.
 
 use half::bf16;
-use kernel_dsl::{DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
+use kernel_dsl::e2m1_pairs::{self, Layout};
+use kernel_dsl::{Arch, DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
 use crate::kernels::gdn::delta_rule::gdn_delta_rule;
 use crate::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
-use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
+use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4, nvfp4_codes_layout};
 use crate::kernels::gdn::out_proj::gdn_out_proj;
 use crate::kernels::gdn::state_update::gdn_state_update;
 use crate::kernels::gemv_bf16::gemv_bf16;
@@ -168,9 +169,10 @@ pub fn stack_in_proj(w: &GdnWeights) -> Vec<bf16> {
 pub enum InProjOnDevice {
     /// [in_rows, hidden].
     Bf16(DeviceBuffer<bf16>),
-    /// ModelOpt layout, the four matrices' rows stacked: codes [in_rows, hidden/2], e4m3 block
+    /// The four matrices' rows stacked: codes [in_rows, hidden/2] in `layout` (ModelOpt's, or
+    /// the paired layout the tensor-core path decodes: [`nvfp4_codes_layout`]), e4m3 block
     /// scales [in_rows, hidden/16], global scales [4] (qkv, z, b, a).
-    Nvfp4 { packed: DeviceBuffer<E2m1x2>, scales: DeviceBuffer<E4m3>, scale2: DeviceBuffer<f32> },
+    Nvfp4 { packed: DeviceBuffer<E2m1x2>, scales: DeviceBuffer<E4m3>, scale2: DeviceBuffer<f32>, layout: Layout },
 }
 
 /// A GDN layer's weights on the device: the input projection bf16 or NVFP4, the rest bf16
@@ -193,24 +195,26 @@ pub struct GdnWeightsOnDevice {
 impl GdnWeightsOnDevice {
     /// Uploads `w`, its matrices, conv and norm rounded to bf16 (exact for a bf16 checkpoint).
     pub fn upload_bf16(gpu: &Gpu, shape: GdnShape, w: &GdnWeights) -> Result<Self> {
-        Self::upload(gpu, shape, w, None, None)
+        Self::upload(gpu, shape, w, None, None, Layout::Nibbles)
     }
 
-    /// Uploads the input projection from its four NVFP4 matrices (qkv, z, b, a) and the rest of
-    /// `w` (whose input projections are not read) in bf16.
+    /// Uploads the input projection from its four NVFP4 matrices (qkv, z, b, a), its codes in
+    /// ModelOpt's layout, and the rest of `w` (whose input projections are not read) in bf16.
     pub fn upload_nvfp4(gpu: &Gpu, shape: GdnShape, in_proj: [&Nvfp4Matrix; 4], w: &GdnWeights) -> Result<Self> {
-        Self::upload(gpu, shape, w, Some(in_proj), None)
+        Self::upload(gpu, shape, w, Some(in_proj), None, Layout::Nibbles)
     }
 
     /// Uploads `w` with the input projection from its four NVFP4 matrices (qkv, z, b, a) where
-    /// given and out_proj from its NVFP4 matrix [hidden, z_dim] where given, the rest in bf16.
-    /// Each matrix goes up once, in the format it runs in.
+    /// given, its codes in `in_proj_layout` (what the tiles' kernel reads:
+    /// [`GdnTiles::in_proj_layout`]), and out_proj from its NVFP4 matrix [hidden, z_dim] where
+    /// given, the rest in bf16. Each matrix goes up once, in the format it runs in.
     pub fn upload(
         gpu: &Gpu,
         shape: GdnShape,
         w: &GdnWeights,
         in_proj: Option<[&Nvfp4Matrix; 4]>,
         out_proj: Option<&Nvfp4Matrix>,
+        in_proj_layout: Layout,
     ) -> Result<Self> {
         let (d, hv) = (shape.hidden, shape.value_heads);
         let rows = [shape.conv_dim(), shape.z_dim(), hv, hv];
@@ -225,9 +229,9 @@ impl GdnWeightsOnDevice {
         let in_proj = match in_proj {
             // The four matrices stacked with their global scales, their codes and scales checked
             // against `hidden` columns; the kernel finds each matrix's rows itself.
-            Some(m) => match MatrixOnDevice::nvfp4(gpu, "GDN input projection", &m, d)? {
+            Some(m) => match MatrixOnDevice::nvfp4_in(gpu, "GDN input projection", &m, d, in_proj_layout)? {
                 MatrixOnDevice::Nvfp4 { packed, scales, scale2, .. } => {
-                    InProjOnDevice::Nvfp4 { packed, scales, scale2 }
+                    InProjOnDevice::Nvfp4 { packed, scales, scale2, layout: in_proj_layout }
                 }
                 MatrixOnDevice::Bf16(_) => unreachable!("MatrixOnDevice::nvfp4 makes NVFP4"),
             },
@@ -247,6 +251,23 @@ impl GdnWeightsOnDevice {
             norm: gpu.upload(&to_bf16(&w.norm))?,
             out_proj,
         })
+    }
+
+    /// Rearranges the NVFP4 input projection's codes into `layout` where they are in another
+    /// (a round trip through the host: for tests and tools that run one upload at tile sets
+    /// whose kernels read different layouts). Nothing to do for bf16 weights.
+    pub fn set_in_proj_layout(&mut self, gpu: &Gpu, layout: Layout) -> Result<()> {
+        let InProjOnDevice::Nvfp4 { packed, layout: now, .. } = &mut self.in_proj else { return Ok(()) };
+        if *now == layout {
+            return Ok(());
+        }
+        let mut codes: Vec<E2m1x2> = gpu.download(packed)?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut codes);
+        e2m1_pairs::from_layout(bytes, *now).map_err(Error::Buffer)?;
+        e2m1_pairs::to_layout(bytes, layout).map_err(Error::Buffer)?;
+        gpu.write(packed, &codes)?;
+        *now = layout;
+        Ok(())
     }
 
     fn check_lengths(shape: GdnShape, w: &GdnWeights) -> Result<()> {
@@ -397,6 +418,11 @@ impl Default for GdnTiles {
 }
 
 impl GdnTiles {
+    /// The layout the NVFP4 input projection's codes must be in for these tiles on `arch`.
+    pub fn in_proj_layout(&self, arch: Arch) -> Layout {
+        nvfp4_codes_layout(&self.in_proj_nvfp4, arch)
+    }
+
     /// Whether these tiles can run `shape` with a bf16 or an NVFP4 input projection: each
     /// kernel's requirements, checked as a launch would.
     pub fn check(&self, shape: GdnShape, nvfp4: bool) -> std::result::Result<(), kernel_dsl::LaunchError> {
@@ -534,6 +560,11 @@ pub struct GdnKernels {
 }
 
 impl GdnKernels {
+    /// The layout the loaded NVFP4 input projection reads its codes in on `arch`.
+    pub fn in_proj_layout(&self, arch: Arch) -> Layout {
+        nvfp4_codes_layout(self.in_proj_nvfp4.tiles(), arch)
+    }
+
     pub fn load(gpu: &Gpu, tiles: GdnTiles) -> Result<GdnKernels> {
         let path = match tiles.norm_at {
             NormAt::OutProj => NormPath::InOutProj {
@@ -586,6 +617,9 @@ pub struct GdnLaunches {
     pub out_proj_nvfp4: gemv_nvfp4::Args,
     /// Whether out_proj's weights are NVFP4 (then `out_proj_nvfp4` runs in place of the bf16 GEMV).
     pub nvfp4_out_proj: bool,
+    /// The layout of the NVFP4 input projection's codes (ModelOpt's for bf16 weights): a launch
+    /// whose kernel reads another is refused.
+    pub in_proj_layout: Layout,
 }
 
 /// Every address of a pass, so that one function builds the arguments both for a pass and for
@@ -599,6 +633,7 @@ struct Addresses {
     w: [u64; 10],
     nvfp4: bool,
     nvfp4_out_proj: bool,
+    in_proj_layout: Layout,
     /// conv_hist, state.
     st: [u64; 2],
     /// proj, o, head_counters, normed, out_partial, out_counters.
@@ -614,10 +649,10 @@ impl GdnLaunches {
         x: DevPtr<bf16>,
         y: DevPtrMut<bf16>,
     ) -> GdnLaunches {
-        let (in_proj, nvfp4) = match &w.in_proj {
-            InProjOnDevice::Bf16(b) => ([b.ptr().addr(), 0, 0], false),
-            InProjOnDevice::Nvfp4 { packed, scales, scale2 } => {
-                ([packed.ptr().addr(), scales.ptr().addr(), scale2.ptr().addr()], true)
+        let (in_proj, nvfp4, in_proj_layout) = match &w.in_proj {
+            InProjOnDevice::Bf16(b) => ([b.ptr().addr(), 0, 0], false, Layout::Nibbles),
+            InProjOnDevice::Nvfp4 { packed, scales, scale2, layout } => {
+                ([packed.ptr().addr(), scales.ptr().addr(), scale2.ptr().addr()], true, *layout)
             }
         };
         let (out_proj, _) = w.out_proj.addresses();
@@ -639,6 +674,7 @@ impl GdnLaunches {
             ],
             nvfp4,
             nvfp4_out_proj,
+            in_proj_layout,
             st: [st.conv_hist.ptr_mut().addr(), st.state.ptr_mut().addr()],
             s: [
                 s.proj.ptr_mut().addr(),
@@ -656,7 +692,16 @@ impl GdnLaunches {
     pub fn unbound(shape: GdnShape, nvfp4: bool) -> GdnLaunches {
         GdnLaunches::build(
             shape,
-            &Addresses { x: 0, y: 0, w: [0; 10], nvfp4, nvfp4_out_proj: false, st: [0; 2], s: [0; 6] },
+            &Addresses {
+                x: 0,
+                y: 0,
+                w: [0; 10],
+                nvfp4,
+                nvfp4_out_proj: false,
+                in_proj_layout: Layout::Nibbles,
+                st: [0; 2],
+                s: [0; 6],
+            },
         )
     }
 
@@ -778,6 +823,7 @@ impl GdnLaunches {
                 seg3: u(sh.hidden),
             },
             nvfp4_out_proj: a.nvfp4_out_proj,
+            in_proj_layout: a.in_proj_layout,
         }
     }
 
@@ -794,7 +840,18 @@ impl GdnLaunches {
             match stage {
                 Stage::InProj => match &self.in_proj {
                     InProj::Bf16(a) => k.in_proj.launch(gpu, a),
-                    InProj::Nvfp4(a) => k.in_proj_nvfp4.launch(gpu, a),
+                    InProj::Nvfp4(a) => {
+                        let reads = k.in_proj_layout(gpu.arch());
+                        if reads != self.in_proj_layout {
+                            return Err(Error::Buffer(format!(
+                                "GDN input projection: its NVFP4 codes are in the {:?} layout, but the kernel at {:?} \
+                                 reads {reads:?} (upload with GdnTiles::in_proj_layout, or set_in_proj_layout)",
+                                self.in_proj_layout,
+                                k.in_proj_nvfp4.tiles()
+                            )));
+                        }
+                        k.in_proj_nvfp4.launch(gpu, a)
+                    }
                 },
                 Stage::StateUpdate => match &k.path {
                     NormPath::InOutProj { delta_rule, .. } => delta_rule.launch(gpu, &self.delta_rule),
@@ -894,6 +951,28 @@ mod tests {
                 // NVFP4 out_proj runs with the plain GEMV paths only.
                 assert_eq!(t.check_out_proj_nvfp4(PUBLISHED).is_ok(), norm_at.plain_out_proj(), "{norm_at:?}");
             }
+        }
+    }
+
+    /// The tensor-core input projection reads the paired layout where the architecture decodes
+    /// E2M1 in software (sm_90) and ModelOpt's where it converts in hardware (sm_121a); the f32
+    /// path (the default) reads ModelOpt's on both. The step uploads by this answer.
+    #[test]
+    fn the_input_projections_layout_follows_its_path() {
+        let d = GdnTiles::default();
+        assert_eq!(d.in_proj_nvfp4.mma, 0);
+        let mma = GdnTiles {
+            in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles { rows: 16, mma: 1, direct: 0, ..TileSet::DEFAULT },
+            ..d
+        };
+        mma.check(PUBLISHED, true).expect("the tensor-core path fits the published shape");
+        for (tiles, arch, want) in [
+            (d, Arch::Sm90, Layout::Nibbles),
+            (d, Arch::Sm121a, Layout::Nibbles),
+            (mma, Arch::Sm90, Layout::Pairs),
+            (mma, Arch::Sm121a, Layout::Nibbles),
+        ] {
+            assert_eq!(tiles.in_proj_layout(arch), want, "{:?} on {arch}", tiles.in_proj_nvfp4);
         }
     }
 

@@ -7,6 +7,7 @@
 //! [`gemv_nvfp4`]: crate::kernels::gemv_nvfp4::gemv_nvfp4
 
 use half::bf16;
+use kernel_dsl::e2m1_pairs::{self, Layout};
 use kernel_dsl::{E2m1x2, E4m3};
 
 use crate::cuda::{DeviceBuffer, Gpu};
@@ -33,6 +34,18 @@ impl MatrixOnDevice {
 
     /// `mats` stacked row-wise in NVFP4 (1 to 4 matrices of `cols` columns), as stored.
     pub fn nvfp4(gpu: &Gpu, what: &str, mats: &[&Nvfp4Matrix], cols: usize) -> Result<MatrixOnDevice> {
+        Self::nvfp4_in(gpu, what, mats, cols, Layout::Nibbles)
+    }
+
+    /// [`MatrixOnDevice::nvfp4`] with the codes rearranged into `layout` on the host before
+    /// the copy (`kernel_dsl::e2m1_pairs`), for a kernel that decodes the paired layout.
+    pub fn nvfp4_in(
+        gpu: &Gpu,
+        what: &str,
+        mats: &[&Nvfp4Matrix],
+        cols: usize,
+        layout: Layout,
+    ) -> Result<MatrixOnDevice> {
         if mats.is_empty() || mats.len() > MAX_STACKED {
             return Err(Error::Buffer(format!("{what}: {} NVFP4 matrices stacked, 1 to 4 supported", mats.len())));
         }
@@ -59,7 +72,9 @@ impl MatrixOnDevice {
         for (s, m) in scale2.iter_mut().zip(mats) {
             *s = m.scale_2;
         }
-        let packed: Vec<E2m1x2> = mats.iter().flat_map(|m| m.packed.iter().map(|&b| E2m1x2(b))).collect();
+        let mut packed: Vec<E2m1x2> = mats.iter().flat_map(|m| m.packed.iter().map(|&b| E2m1x2(b))).collect();
+        e2m1_pairs::to_layout(bytemuck::cast_slice_mut(&mut packed), layout)
+            .map_err(|e| Error::Buffer(format!("{what}: {e}")))?;
         let scales: Vec<E4m3> = mats.iter().flat_map(|m| m.scales.iter().map(|&b| E4m3(b))).collect();
         Ok(MatrixOnDevice::Nvfp4 {
             packed: gpu.upload(&packed)?,

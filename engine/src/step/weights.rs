@@ -256,7 +256,10 @@ impl ModelOnDevice {
                 Error::Buffer(format!("the GPU kernels cannot run this model's PLE table in {:?}: {e}", f.ple_table))
             })?;
         }
-        let layers = synthetic::layers(gpu, cfg, &f, seed, progress)?;
+        let mut layers = synthetic::layers(gpu, cfg, &f, seed, progress)?;
+        if let Some((_, tiles)) = &plan.gdn {
+            synthetic::gdn_in_proj_to_layout(gpu, &mut layers, tiles.in_proj_layout(gpu.arch()))?;
+        }
         let ple = if cfg.ple_layers.is_empty() {
             None
         } else {
@@ -304,11 +307,19 @@ impl ModelOnDevice {
         let mut layers = Vec::with_capacity(total);
         for (l, lw) in w.layers.iter().enumerate() {
             let mixer = match (&lw.mixer, &plan.gdn, &plan.qsa) {
-                (MixerWeights::Gdn(g), Some((shape, _)), _) => {
+                (MixerWeights::Gdn(g), Some((shape, tiles)), _) => {
                     let in_proj = if f.gdn_in_proj { gdn_in_proj_nvfp4(w, l) } else { None };
                     let in_proj = in_proj.as_ref().map(|m| [&*m[0], &*m[1], &*m[2], &*m[3]]);
                     let out_proj = f.gdn_out_proj.then(|| nvfp4_matrix(w, &names::gdn_out_proj(l), &g.out, false));
-                    MixerOnDevice::Gdn(GdnWeightsOnDevice::upload(gpu, *shape, g, in_proj, out_proj.as_deref())?)
+                    let layout = tiles.in_proj_layout(gpu.arch());
+                    MixerOnDevice::Gdn(GdnWeightsOnDevice::upload(
+                        gpu,
+                        *shape,
+                        g,
+                        in_proj,
+                        out_proj.as_deref(),
+                        layout,
+                    )?)
                 }
                 (MixerWeights::Qsa(q), _, Some((shape, _))) => {
                     let [qn, kn, vn, ixn, on] = names::qsa_projections(l);

@@ -571,6 +571,14 @@ pub fn gdn(
 }
 
 impl Gdn<'_> {
+    /// Every layer's NVFP4 input-projection codes in the layout `k` reads (the tensor-core path
+    /// reads the paired layout, the f32 path ModelOpt's): a round trip through the host where a
+    /// candidate reads another layout than the last one.
+    fn codes_for(&mut self, k: Option<&GdnKernels>) -> Result<(), String> {
+        let layout = k.unwrap_or(&self.plan).in_proj_layout(self.gpu.arch());
+        self.layers.iter_mut().try_for_each(|w| w.set_in_proj_layout(self.gpu, layout)).map_err(err)
+    }
+
     fn launches(&mut self) -> Vec<GdnLaunches> {
         (0..LAYERS)
             .map(|l| {
@@ -591,6 +599,7 @@ impl Gdn<'_> {
         self.states[0].reset(g).map_err(err)?;
         g.write(&mut self.xs[0], x).map_err(err)?;
         g.fill_bytes(&mut self.ys[0], 0xff).map_err(err)?;
+        self.codes_for(k)?;
         let l = self.launches().swap_remove(0);
         let k = k.unwrap_or(&self.plan);
         // SAFETY: the launches address this harness's weights, state, scratch, x and y, alive for
@@ -603,6 +612,7 @@ impl Gdn<'_> {
 impl Harness<GdnTiles> for Gdn<'_> {
     fn measure(&mut self, tiles: &GdnTiles) -> Result<f64, String> {
         let k = GdnKernels::load(self.gpu, *tiles).map_err(err)?;
+        self.codes_for(Some(&k))?;
         let launches = self.launches();
         let gpu = self.gpu;
         // SAFETY: as in `run_one`, for every layer.

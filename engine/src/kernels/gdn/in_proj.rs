@@ -1,7 +1,17 @@
 //! The four GDN input projections in one grouped GEMV over one read of x, with the causal conv,
 //! SiLU and the gates in the epilogue.
 
+use kernel_dsl::Arch;
+use kernel_dsl::e2m1_pairs::Layout;
 use kernel_macros::kernel;
+
+/// The layout [`gdn_in_proj_nvfp4`] at `tiles` reads its codes in on `arch`: the tensor-core path
+/// (MMA = 1) the paired layout of the architecture, the f32 path (whose raw decode is one
+/// multiply and one mask a value in ModelOpt's layout already) ModelOpt's. The layer uploads its
+/// codes in this layout and refuses a launch whose kernel reads another.
+pub fn nvfp4_codes_layout(tiles: &gdn_in_proj_nvfp4::Tiles, arch: Arch) -> Layout {
+    if tiles.mma == 1 { Layout::for_arch(arch) } else { Layout::Nibbles }
+}
 
 /// `proj = epilogue(W·x)` for the stacked bf16 matrix W = [in_proj_qkv; in_proj_z; in_proj_b;
 /// in_proj_a] ([conv_dim + z_dim + 2·heads, hidden]), summed in f32. Row r's epilogue depends on
@@ -144,43 +154,56 @@ pub fn gdn_in_proj_bf16(
 /// memory round trips. The default: on the H200 it takes the input projection from 20.6 to
 /// 17.1 µs at the published shape (BENCHMARKS.md, GDN section).
 ///
-/// MMA = 1 (with ROWS = 16: a warp owns 16 rows) takes the products to the tensor cores, at the
-/// same accuracy: f16 operands and f32 sums (`mma.m16n8k16`). x is staged as f16 with a
-/// power-of-two scale per 128-value segment (exact for bf16 x down to 2^-14 of the segment's
-/// largest value), the weights are decoded to f16 pairs (exact), so every product is exact and
-/// only the f32 sums round, as in the f32 path; but the loop issues about 2.8 instructions a
-/// weight instead of 3.7 (sm_90 SASS: the decode's shifts and masks are most of both), and a lane
-/// has twice the bytes in flight. Lane l streams 16 bytes (32 values,
-/// two block scales) of rows l/4 and l/4 + 8 per segment; in each product the four lanes of a row
-/// hold four different 16-value blocks, so B holds lane q's x in column 2q alone (zeros elsewhere)
-/// and C's column 2q is exactly lane q's block sum, which it scales by its block scale.
+/// MMA = 1 (with ROWS = 16) takes the products to the tensor cores, at the same accuracy: f16
+/// operands and f32 sums (`mma.m16n8k16`). It reads its codes in the paired layout of the
+/// architecture ([`nvfp4_codes_layout`], `kernel_dsl::e2m1_pairs`: nine integer instructions a
+/// word on sm_90 instead of about sixteen; ModelOpt's on sm_121a, which converts in hardware),
+/// which the layer uploads when its tiles say MMA. x is staged as f16 with a power-of-two scale
+/// per 128-value segment (exact for bf16 x down to 2^-14 of the segment's largest value), the
+/// weights are decoded to f16 pairs (exact), so every product is exact and only the f32 sums
+/// round, as in the f32 path. A block's WARPS warps share 16 rows and split the columns: warp w
+/// takes segments w, w + WARPS, ... (`hidden / (128·WARPS) ≤ STEPS` of them), and lane l holds 16
+/// bytes (32 values, two block scales) of rows l/4 and l/4 + 8 of each, all loaded before the
+/// wait as the f32 path's are, with the epilogue's operands (one a thread of the first four
+/// warps, eight a row). In each product the four lanes of a row hold four different 16-value
+/// blocks, so B holds lane q's x in column 2q alone (zeros elsewhere) and C's column 2q is
+/// exactly lane q's block sum, which it scales by its block scale; the warps' partial sums meet
+/// in shared memory, in warp order.
+///
+/// Why: the f32 path is bound by instruction issue after its wait (BENCHMARKS.md, GDN and step
+/// sections). At the published shape (d 2560, WARPS 4: five segments a warp, 1,030 blocks of 128
+/// threads) a thread of this path issues 955 sm_90 SASS instructions after the wait for its 320
+/// weights (3.0 a weight: 40 `HMMA`, the decode's masks and multiplies, the staging of x and the
+/// epilogue), where the f32 path issues 2,254 for its 320 (7.0). Its codes take 40 registers a
+/// lane: 94 registers in all, five blocks an SM (MIN_BLOCKS 8 fits eight, the whole grid, in 64
+/// registers by spilling 76 bytes).
 #[kernel(
     block = 32 * WARPS,
-    grid = div_ceil(conv_dim + z_dim + 2 * heads, WARPS * ROWS),
+    // A warp's ROWS rows, or with MMA a block's 16.
+    grid = div_ceil(conv_dim + z_dim + 2 * heads, WARPS * ROWS / (1 + (WARPS - 1) * MMA)),
     require(
         MMA == 1 || (conv_dim + z_dim + 2 * heads) % ROWS == 0,
         MMA == 0 || ROWS == 16,
         MMA == 1 || ROWS <= 4,
         MMA == 0 || DIRECT == 0,
-        MMA == 0 || hidden % (128 * UNROLL) == 0,
+        // The epilogue's operands take the first 128 threads (16 rows of eight).
+        MMA == 0 || WARPS >= 4,
+        MMA == 0 || hidden % (128 * WARPS) == 0,
+        MMA == 0 || hidden <= 128 * WARPS * STEPS,
         hidden % (32 * 16) == 0,
         hidden >= 512,
         hidden <= 4096,
         MMA == 1 || hidden <= 512 * STEPS,
-        // UNROLL steps only the tensor-core path, STEPS only the f32 one: one tile set each.
-        MMA == 1 || UNROLL == 1,
-        MMA == 0 || STEPS == 5,
     ),
     min_blocks = MIN_BLOCKS,
 )]
 pub fn gdn_in_proj_nvfp4(
     #[tile(default = 4, candidates = [1, 2, 4, 16])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 1, candidates = [1, 2])] UNROLL: u32,
     #[tile(default = 0, candidates = [0, 1])] MMA: u32,
     #[tile(default = 1, candidates = [0, 1])] DIRECT: u32,
     #[tile(default = 5, candidates = [5, 8])] STEPS: u32,
-    #[tile(default = 0, candidates = [0, 4])] MIN_BLOCKS: u32,
+    #[tile(default = 0, candidates = [0, 4, 8])] MIN_BLOCKS: u32,
     packed: &[e2m1x2],
     // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
     scales: &[u8],
@@ -237,16 +260,48 @@ pub fn gdn_in_proj_nvfp4(
             }
         }
     }
+    // MMA path: the lane's codes (rows g and g + 8 of the block's 16, 16 bytes of each of its
+    // warp's segments) and their block scales, all before the wait. The four scales of a segment
+    // wait as one word (row g's two blocks, then row g + 8's), widened together after it. Rows
+    // past the last load the last row and write nothing; steps past the warp's segments load its
+    // last one again and weigh zero.
+    let (g, q) = (lane_id() / 4, lane_id() % 4);
+    let mma_row0 = block_idx() * 16;
+    let per_warp = hidden / (128 * WARPS);
+    let mut mcodes = [u32x4(0, 0, 0, 0); 2 * STEPS * MMA + (1 - MMA)];
+    let mut mscales = [0u32; STEPS * MMA + (1 - MMA)];
+    if MMA == 1 {
+        let (l0, l1) = (min(mma_row0 + g, rows - 1), min(mma_row0 + g + 8, rows - 1));
+        #[unroll]
+        for j in 0..STEPS {
+            let col = (warp_id() + WARPS * min(j, per_warp - 1)) * 128 + 32 * q;
+            mcodes[2 * j] = load_early::<u32x4>(packed, l0 * (hidden / 2) + col / 2);
+            mcodes[2 * j + 1] = load_early::<u32x4>(packed, l1 * (hidden / 2) + col / 2);
+        }
+        #[unroll]
+        for j in 0..STEPS {
+            let col = (warp_id() + WARPS * min(j, per_warp - 1)) * 128 + 32 * q;
+            let (b0, b1) = (l0 * (hidden / 16) + col / 16, l1 * (hidden / 16) + col / 16);
+            mscales[j] = (scales[b0] as u32)
+                | ((scales[b0 + 1] as u32) << 8)
+                | ((scales[b1] as u32) << 16)
+                | ((scales[b1 + 1] as u32) << 24);
+        }
+    }
     // f32 path: the epilogue's operands are loaded before the wait too, one a lane (lane 8r + k
     // holds operand k of row r: conv taps 0..3 and the history's three inputs, or a row of the
     // gate a's A_log and dt_bias; operand 7 is the row's global scale), and reach lane 0 by
     // shuffles after the sums. Loaded after the sums they were a round trip at the end of every
     // block. The history is safe to read early: only this layer's previous token wrote it, many
     // launches back (as the state update reads its state early).
+    // The MMA path holds them the same way over its first four warps: thread 8r + k holds
+    // operand k of the block's row r.
     let mut operand = 0.0;
-    if MMA == 0 {
-        let (r, k) = (lane_id() / 8, lane_id() % 8);
-        let row = row0 + r;
+    let op_r = if MMA == 1 { thread_idx() / 8 } else { lane_id() / 8 };
+    let op_k = lane_id() % 8;
+    let op_row = if MMA == 1 { mma_row0 + op_r } else { row0 + op_r };
+    {
+        let (r, k, row) = (op_r, op_k, op_row);
         if r < ROWS && row < rows {
             if k == 7 {
                 let segment = if row < conv_dim {
@@ -303,54 +358,41 @@ pub fn gdn_in_proj_nvfp4(
         sync_threads();
     }
 
-    // MMA: rows g and g + 8 of the warp's 16, lane q of the row's four.
-    let (g, q) = (lane_id() / 4, lane_id() % 4);
     let mut acc = [0.0; ROWS];
-    if MMA == 1 && row0 < rows {
-        // Rows g and g + 8 of the warp's 16; lane q of the row's four. Rows past the end read the
-        // last row and write nothing.
-        let (l0, l1) = (min(row0 + g, rows - 1), min(row0 + g + 8, rows - 1));
+    if MMA == 1 {
         // Lane (q, g) holds B's column g: x of lane q's values when g = 2q, zeros otherwise.
         let own = g == 2 * q;
         let mut acc0 = 0.0;
         let mut acc1 = 0.0;
-        // UNROLL segments a step with no exit test between them (the segment count is a multiple
-        // of UNROLL), so their loads can all be in flight before the first product.
-        for s0 in (0..hidden / 128).step_by(UNROLL) {
-            // Every load of the step first, then the products.
-            let mut wa_u = [u32x4(0, 0, 0, 0); UNROLL];
-            let mut wb_u = [u32x4(0, 0, 0, 0); UNROLL];
-            let mut sc_u = [0.0; 4 * UNROLL];
-            #[unroll]
-            for u in 0..UNROLL {
-                let col = (s0 + u) * 128 + 32 * q;
-                wa_u[u] = load_stream::<u32x4>(packed, l0 * (hidden / 2) + col / 2);
-                wb_u[u] = load_stream::<u32x4>(packed, l1 * (hidden / 2) + col / 2);
-                sc_u[4 * u] = e4m3x4_to_f32x4(scales[l0 * (hidden / 16) + col / 16] as u32).x;
-                sc_u[4 * u + 1] = e4m3x4_to_f32x4(scales[l0 * (hidden / 16) + col / 16 + 1] as u32).x;
-                sc_u[4 * u + 2] = e4m3x4_to_f32x4(scales[l1 * (hidden / 16) + col / 16] as u32).x;
-                sc_u[4 * u + 3] = e4m3x4_to_f32x4(scales[l1 * (hidden / 16) + col / 16 + 1] as u32).x;
-            }
-            #[unroll]
-            for u in 0..UNROLL {
-                let seg = s0 + u;
-                let (wa, wb) = (wa_u[u], wb_u[u]);
-                let (sa0, sa1, sb0, sb1) = (sc_u[4 * u], sc_u[4 * u + 1], sc_u[4 * u + 2], sc_u[4 * u + 3]);
-                // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3.
-                let sums = nvfp4_mma_segment(wa, wb, xh, (seg * 16 + q) * 4, own);
-                // The lane's two block sums of each row by their scales; the segment's scale undoes x's.
-                let down = xsc[seg];
-                acc0 += (sums.x * sa0 + sums.y * sa1) * down;
-                acc1 += (sums.z * sb0 + sums.w * sb1) * down;
-            }
+        #[unroll]
+        for j in 0..STEPS {
+            let seg = warp_id() + WARPS * min(j, per_warp - 1);
+            // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3.
+            let sums = nvfp4_mma_segment_paired(mcodes[2 * j], mcodes[2 * j + 1], xh, (seg * 16 + q) * 4, own);
+            let sc = e4m3x4_to_f32x4(mscales[j]);
+            // The segment's scale undoes x's; a step past the warp's segments weighs zero.
+            let down = if j < per_warp { xsc[seg] } else { 0.0 };
+            acc0 += (sums.x * sc.x + sums.y * sc.y) * down;
+            acc1 += (sums.z * sc.z + sums.w * sc.w) * down;
         }
-        // Each row's sum over its four lanes.
+        // Each row's sum over its four lanes, then over the warps, in shared memory.
         acc0 += shfl_xor(acc0, 1);
         acc0 += shfl_xor(acc0, 2);
         acc1 += shfl_xor(acc1, 1);
         acc1 += shfl_xor(acc1, 2);
-        acc[0] = acc0;
-        acc[1] = acc1;
+        let part = shared::<f32, { 1 + (16 * 8 - 1) * MMA }>();
+        if q == 0 {
+            part[warp_id() * 16 + g] = acc0;
+            part[warp_id() * 16 + g + 8] = acc1;
+        }
+        sync_threads();
+        // Row op_r's sum, at each of its eight threads (the first four warps, whole).
+        if op_r < 16 {
+            #[unroll]
+            for w in 0..WARPS {
+                acc[0] += part[w * 16 + op_r];
+            }
+        }
     }
     if MMA == 0 && row0 < rows {
         #[unroll]
@@ -401,16 +443,23 @@ pub fn gdn_in_proj_nvfp4(
         for r in 0..ROWS {
             acc[r] = warp_sum(acc[r]);
         }
-        // The epilogue, lane 0 for the warp's ROWS rows, on the operands loaded before the wait.
+    }
+    // The epilogue, on the operands loaded before the wait: the f32 path's lane 0 for the warp's
+    // ROWS rows, the MMA path's thread 8r for the block's row r (its sum in acc[0]). Every lane
+    // of a warp that gets here takes part in the shuffles (f32: the warp agrees on row0; MMA: the
+    // first four warps, whole).
+    if (MMA == 0 && row0 < rows) || (MMA == 1 && op_r < 16) {
         #[unroll]
-        for r in 0..ROWS {
-            let row = row0 + r;
+        for r in 0..ROWS * (1 - MMA) + MMA {
+            let base = if MMA == 1 { (lane_id() / 8) * 8 } else { 8 * r };
             let mut t = [0.0; 8];
             #[unroll]
             for k in 0..8 {
-                t[k] = shfl(operand, 8 * r + k);
+                t[k] = shfl(operand, base + k);
             }
-            if lane_id() == 0 && row < rows {
+            let row = if MMA == 1 { op_row } else { row0 + r };
+            let writer = if MMA == 1 { op_k == 0 } else { lane_id() == 0 };
+            if writer && row < rows {
                 if row < conv_dim {
                     // Tap 3 meets the current input, tap 0 the oldest.
                     let u = acc[r] * t[7];
@@ -428,36 +477,6 @@ pub fn gdn_in_proj_nvfp4(
                     proj[row] = sigmoid(acc[r] * t[7]);
                 } else {
                     proj[row] = exp(-exp(t[0]) * softplus(acc[r] * t[7] + t[1]));
-                }
-            }
-        }
-    }
-    // The tensor-core path's epilogue: lane 4g takes rows g and g + 8.
-    if MMA == 1 && row0 < rows && q == 0 {
-        #[unroll]
-        for r in 0..ROWS {
-            let row = row0 + g + 8 * r;
-            if r < 2 && row < rows {
-                if row < conv_dim {
-                    let u = acc[r] * scale2[0];
-                    let h0 = conv_hist[row];
-                    let h1 = conv_hist[conv_dim + row];
-                    let h2 = conv_hist[2 * conv_dim + row];
-                    let mut s = (conv_w[4 * row + 3] as f32) * u;
-                    s += (conv_w[4 * row] as f32) * h0;
-                    s += (conv_w[4 * row + 1] as f32) * h1;
-                    s += (conv_w[4 * row + 2] as f32) * h2;
-                    conv_hist[row] = h1;
-                    conv_hist[conv_dim + row] = h2;
-                    conv_hist[2 * conv_dim + row] = u;
-                    proj[row] = silu(s);
-                } else if row < conv_dim + z_dim {
-                    proj[row] = acc[r] * scale2[1];
-                } else if row < conv_dim + z_dim + heads {
-                    proj[row] = sigmoid(acc[r] * scale2[2]);
-                } else {
-                    let h = row - conv_dim - z_dim - heads;
-                    proj[row] = exp(-exp(a_log[h]) * softplus(acc[r] * scale2[3] + dt_bias[h]));
                 }
             }
         }
