@@ -10,6 +10,7 @@ use engine::model::config::ModelConfig;
 use engine::step::{Formats, StepPlan};
 use engine::tuned::{Table, Unit, device_slug};
 use kernel_dsl::Arch;
+use tools::autotune::pin::{self, KnobName, Pin};
 use tools::autotune::{self, Target};
 
 /// Tunes the tile sets of the decode step's kernels at the shapes the step runs them, for one
@@ -42,6 +43,12 @@ use tools::autotune::{self, Target};
 /// described by `--device --arch --sms --smem`, marked untimed (the rule is written into the table).
 /// For the GB10: `autotune --untimed --device "NVIDIA GB10" --arch sm_121a --sms 48 --smem 101376
 /// --out tuned/gb10-untimed.json`.
+///
+/// Pinned (`--pin`, no GPU needed): no search; a table of the plan's tiles with the pinned knobs
+/// set, for timing the step at its defaults against those tiles in one run: `autotune --pin
+/// "gdn.in_proj=ROWS=16 WARPS=4 MMA=1 DIRECT=0 STEPS=5 MIN_BLOCKS=0" --device "NVIDIA H200" --arch
+/// sm_90 --sms 132 --out pinned.json`, then on that device `FLASHNEXT_TUNED=pinned.json cargo bench
+/// --bench step -- nvfp4` (its "tuned tiles" half runs the pinned ones).
 #[derive(Debug, Parser)]
 #[command(name = "autotune")]
 struct Args {
@@ -82,6 +89,11 @@ struct Args {
     /// Compile threads (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Pin a knob instead of tuning, FAMILY.KNOB=TILES (repeatable; the tiles as tables write
+    /// them): writes --out (required), a table of the plan's tiles with the pinned knobs set, for
+    /// --device, --arch and --sms; nothing is timed and no GPU is needed.
+    #[arg(long)]
+    pin: Vec<Pin>,
 }
 
 fn main() {
@@ -100,6 +112,9 @@ fn run(a: Args) -> Result<(), String> {
     let families = ["moe", "mix", "gdn", "lm_head", "qsa", "ple"];
     if let Some(f) = a.only.iter().find(|f| !families.contains(&f.as_str())) {
         return Err(format!("--only {f}: the families are {}", families.join(", ")));
+    }
+    if !a.pin.is_empty() {
+        return run_pinned(&a, &cfg);
     }
     let wanted = |f: &str| a.only.is_empty() || a.only.iter().any(|o| o == f);
     let deadline = Instant::now() + Duration::from_secs(a.budget_secs);
@@ -188,6 +203,60 @@ fn run(a: Args) -> Result<(), String> {
         }
     }
     eprintln!("autotune: {} entries in {}", table.entries.len(), out.display());
+    Ok(())
+}
+
+/// `--pin`: the table of the plan's tiles with the pinned knobs set, each unit a pin takes
+/// once (both formats' plans); every pin must take at least one unit.
+fn run_pinned(a: &Args, cfg: &ModelConfig) -> Result<(), String> {
+    let out = a.out.clone().ok_or("--pin writes a table: name it with --out")?;
+    let mut table = Table {
+        device: a.device.clone(),
+        arch: a.arch.to_string(),
+        sms: a.sms,
+        smem_per_block: a.smem,
+        untimed: true,
+        rule: pin::PINNED_RULE.into(),
+        entries: Vec::new(),
+    };
+    let mut took = vec![false; a.pin.len()];
+    let mut knobs: Vec<KnobName> = Vec::new();
+    let mut place = |table: &mut Table, entry: Option<(engine::tuned::Entry, Vec<usize>)>| {
+        if let Some((e, which)) = entry {
+            which.iter().for_each(|&i| took[i] = true);
+            eprintln!("autotune: pinned {} {}", e.family, e.format);
+            table.upsert(e);
+        }
+    };
+    for formats in [Formats::NVFP4, Formats::BF16] {
+        let plan = StepPlan::new(cfg, formats, a.context).map_err(|e| e.to_string())?;
+        let u = plan.units(a.sms);
+        knobs.extend(pin::knob_names(&u.moe));
+        place(&mut table, pin::pinned(&u.moe, plan.moe_tiles, &a.pin, a.arch)?);
+        knobs.extend(pin::knob_names(&u.mix));
+        place(&mut table, pin::pinned(&u.mix, plan.mix_tiles, &a.pin, a.arch)?);
+        if let (Some(unit), Some((_, tiles))) = (&u.gdn, plan.gdn) {
+            knobs.extend(pin::knob_names(unit));
+            place(&mut table, pin::pinned(unit, tiles, &a.pin, a.arch)?);
+        }
+        if let (Some(unit), Some((_, tiles))) = (&u.qsa, plan.qsa) {
+            knobs.extend(pin::knob_names(unit));
+            place(&mut table, pin::pinned(unit, tiles, &a.pin, a.arch)?);
+        }
+        if let (Some(unit), Some((_, tiles))) = (&u.ple, plan.ple) {
+            knobs.extend(pin::knob_names(unit));
+            place(&mut table, pin::pinned(unit, tiles, &a.pin, a.arch)?);
+        }
+        knobs.extend(pin::knob_names(&u.lm_head));
+        place(&mut table, pin::pinned(&u.lm_head, plan.lm_head_tiles, &a.pin, a.arch)?);
+    }
+    let missed: Vec<String> =
+        a.pin.iter().zip(&took).filter(|(_, t)| !**t).map(|(p, _)| pin::unplaced(p, &knobs)).collect();
+    if !missed.is_empty() {
+        return Err(missed.join("\n"));
+    }
+    table.write(&out).map_err(|e| e.to_string())?;
+    eprintln!("autotune: {} pinned entries for {} {} in {}", table.entries.len(), a.device, a.arch, out.display());
     Ok(())
 }
 
