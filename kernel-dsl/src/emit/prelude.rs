@@ -775,6 +775,26 @@ mod tests {
         assert_eq!(order, [Helper::Bf16x2ToFloat2, Helper::DotBf16x8, Helper::WarpSum, Helper::BlockSum]);
     }
 
+    /// The paired segment is the plain one with the paired decode in its place, nothing else:
+    /// the two layouts' tensor-core products differ only in how a word becomes f16 pairs. On
+    /// sm_121a the paired decode is the plain one (the paired layout is ModelOpt's there).
+    #[test]
+    fn the_paired_segment_differs_only_in_its_decode() {
+        for arch in [Arch::Sm90, Arch::Sm121a] {
+            let plain = Helper::Nvfp4MmaSegment.code(arch);
+            let paired = Helper::Nvfp4MmaSegmentPaired.code(arch);
+            let renamed = paired
+                .replace("nvfp4_mma_segment_paired", "nvfp4_mma_segment")
+                .replace("e2m1x8_to_f16x8_paired", "e2m1x8_to_f16x8")
+                .replace("the paired layout (kernel_dsl::e2m1_pairs)", "ModelOpt's layout");
+            assert_eq!(renamed, plain, "{arch}");
+            let order = resolve([Helper::Nvfp4MmaSegmentPaired], arch);
+            assert!(order.contains(&Helper::E2m1x8ToF16x2Paired) && order.contains(&Helper::MmaF16), "{order:?}");
+        }
+        let paired_121 = Helper::E2m1x8ToF16x2Paired.code(Arch::Sm121a);
+        assert!(paired_121.contains("e2m1x8_to_f16x2(w, p0, p1, p2, p3)"), "{paired_121}");
+    }
+
     #[test]
     fn fp4_decode_depends_on_the_arch() {
         assert!(Helper::E2m1x4ToFloat4Raw.code(Arch::Sm121a).contains("cvt.rn.f16x2.e2m1x2"));
