@@ -380,22 +380,19 @@ pub fn gdn(
 }
 
 /// The NVFP4 input projections of `layers`' GDN layers (made in ModelOpt's layout by [`gdn`])
-/// in `layout`, the one the plan's kernel reads: rearranged in place on the device.
+/// in `layout`, the one the plan's kernel reads: rearranged in place on the device (codes in
+/// another layout already go through the host, [`GdnWeightsOnDevice::set_in_proj_layout`]).
 pub fn gdn_in_proj_to_layout(gpu: &Gpu, layers: &mut [LayerOnDevice], layout: Layout) -> Result<()> {
     let f = Fills::load(gpu)?;
     for l in layers {
-        if let MixerOnDevice::Gdn(GdnWeightsOnDevice {
-            in_proj: InProjOnDevice::Nvfp4 { packed, layout: now, .. }, ..
-        }) = &mut l.mixer
-            && *now != layout
-        {
-            if *now != Layout::Nibbles {
-                return Err(Error::Buffer(format!(
-                    "GDN input projection codes in {now:?}: only ModelOpt's are rearranged here"
-                )));
+        let MixerOnDevice::Gdn(w) = &mut l.mixer else { continue };
+        match &mut w.in_proj {
+            InProjOnDevice::Nvfp4 { packed, layout: now, .. } if *now == Layout::Nibbles && layout != *now => {
+                f.to_layout(gpu, packed, layout)?;
+                *now = layout;
             }
-            f.to_layout(gpu, packed, layout)?;
-            *now = layout;
+            // bf16 weights, codes already in `layout`, or codes in another one.
+            _ => w.set_in_proj_layout(gpu, layout)?,
         }
     }
     gpu.synchronize()
