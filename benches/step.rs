@@ -21,6 +21,12 @@
 //! the plan's default tiles and at the device's tuned table (`StepPlan::for_device`), and a last
 //! line compares their ms/token (`FLASHNEXT_STEP_VARIANTS=all`: both variants, twice each).
 //!
+//! Tables against the defaults in one run: `FLASHNEXT_STEP_TABLES=a.json,b.json` (table files, as
+//! `autotune --pin` writes them) times the first variant at the defaults and at each table's
+//! tiles, in turn, `FLASHNEXT_STEP_ROUNDS` times (default 1; rounds alternate the tile sets, so a
+//! drift of the device shows as a spread, not as a difference), and a last line a table and
+//! context compares the means.
+//!
 //! A filter argument names the one variant to run (`step --bench nvfp4`: the NVFP4 step only).
 //!
 //! With `FLASHNEXT_TRACE=1` every kernel is the traced build (`engine::cuda::trace`), and after
@@ -37,11 +43,13 @@
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
 //! target/).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use engine::cuda::timing::EventTimer;
 use engine::model::config::ModelConfig;
 use engine::step::{Engine, Formats, ModelOnDevice, StepPlan};
+use engine::tuned::Table;
 use flashnext::bench::{Recorder, Sample, Unit, percentile};
 
 const H200_BYTES_PER_S: f64 = 4.27e12;
@@ -49,11 +57,70 @@ const GB10_BYTES_PER_S: f64 = 230e9;
 const CONTEXTS: [usize; 2] = [1024, 32_768];
 const SAMPLES: usize = 50;
 
+/// The tiles a half of a run takes: the plan's defaults, the device's tuned table
+/// (`StepPlan::for_device`), or a table file.
+#[derive(Clone, Debug, PartialEq)]
+enum TileSource {
+    Defaults,
+    Tuned,
+    File(PathBuf),
+}
+
+impl TileSource {
+    fn name(&self) -> String {
+        match self {
+            TileSource::Defaults => "default tiles".into(),
+            TileSource::Tuned => "tuned tiles".into(),
+            TileSource::File(p) => format!("table {}", p.file_name().unwrap_or(p.as_os_str()).to_string_lossy()),
+        }
+    }
+
+    /// The trace files' tag for it.
+    fn tag(&self) -> String {
+        match self {
+            TileSource::Defaults => String::new(),
+            TileSource::Tuned => "-tuned".into(),
+            TileSource::File(p) => format!("-{}", p.file_stem().unwrap_or(p.as_os_str()).to_string_lossy()),
+        }
+    }
+
+    fn plan(&self, cfg: &ModelConfig, formats: Formats, context: usize, info: &engine::cuda::DeviceInfo) -> StepPlan {
+        match self {
+            TileSource::Defaults => StepPlan::new(cfg, formats, context).expect("plan"),
+            TileSource::Tuned => StepPlan::for_device(cfg, formats, context, info).expect("plan"),
+            TileSource::File(p) => {
+                let table = Table::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                if table.device != info.name || table.arch != info.arch.to_string() {
+                    println!(
+                        "{}: a table for {} {}, taken on {} {}",
+                        p.display(),
+                        table.device,
+                        table.arch,
+                        info.name,
+                        info.arch
+                    );
+                }
+                let plan = StepPlan::new(cfg, formats, context).expect("plan");
+                let (plan, notices) = plan.tuned(&table, info.arch, info.sm_count);
+                for n in notices {
+                    println!("{}: {n}; default tiles for it", p.display());
+                }
+                plan
+            }
+        }
+    }
+}
+
 fn main() {
     // criterion's harness flags (`--bench`) are accepted and ignored; a filter picks a variant.
     let gpu = flashnext::gpu::open();
     let cfg = ModelConfig::published();
-    let compare = std::env::var_os("FLASHNEXT_TUNED").is_some() || std::env::args().any(|a| a == "--tuned");
+    let tables: Vec<PathBuf> = std::env::var("FLASHNEXT_STEP_TABLES")
+        .map(|v| v.split(',').filter(|p| !p.is_empty()).map(PathBuf::from).collect())
+        .unwrap_or_default();
+    let rounds: usize = std::env::var("FLASHNEXT_STEP_ROUNDS").map_or(1, |v| v.parse().expect("FLASHNEXT_STEP_ROUNDS"));
+    let compare =
+        std::env::var_os("FLASHNEXT_TUNED").is_some() || std::env::args().any(|a| a == "--tuned") || !tables.is_empty();
     let mut variants = vec![
         ("nvfp4", Formats::NVFP4),
         // The NVFP4 step before GDN's out_proj and QSA's projections had an NVFP4 GEMV.
@@ -72,20 +139,23 @@ fn main() {
         variants.retain(|(name, _)| *name == only);
         assert!(!variants.is_empty(), "no step variant is named {only:?}");
     }
-    let tile_sets: &[&str] = if compare { &["default tiles", "tuned tiles"] } else { &["default tiles"] };
+    let mut tile_sets = vec![TileSource::Defaults];
+    if !tables.is_empty() {
+        tile_sets.extend(tables.into_iter().map(TileSource::File));
+    } else if compare {
+        tile_sets.push(TileSource::Tuned);
+    }
+    let tile_sets: Vec<TileSource> = (0..rounds.max(1)).flat_map(|_| tile_sets.clone()).collect();
     let mut rec = Recorder::new(&gpu, "step", None);
     let mut gpu = Some(gpu);
     // (variant, tiles, context) → ms/token on the device.
-    let mut results: Vec<(&str, &str, usize, f64)> = Vec::new();
+    let mut results: Vec<(&str, String, usize, f64)> = Vec::new();
     for (variant, formats) in variants {
-        for &tiles in tile_sets {
+        for source in &tile_sets {
             let g = gpu.take().expect("the device");
             let context = *CONTEXTS.iter().max().expect("contexts");
-            let plan = if tiles == "tuned tiles" {
-                StepPlan::for_device(&cfg, formats, context, g.info()).expect("plan")
-            } else {
-                StepPlan::new(&cfg, formats, context).expect("plan")
-            };
+            let plan = source.plan(&cfg, formats, context, g.info());
+            let tiles = source.name();
             let name = format!("{variant} ({tiles})");
             let t0 = Instant::now();
             let model = ModelOnDevice::synthetic(&g, &cfg, &plan, 1, &mut |what, done, total| {
@@ -139,16 +209,13 @@ fn main() {
                     bytes / GB10_BYTES_PER_S * 1e3
                 );
                 println!("{line}");
-                results.push((variant, tiles, context, med * 1e3));
+                results.push((variant, tiles.clone(), context, med * 1e3));
                 let what = Sample::new("step", format!("{name}, context {context}"), Unit::Token, (med, p10, p90));
                 let notes = format!("wall per Engine::step {:.3} ms, 1 host wait per token", wall_med * 1e3);
                 rec.record_quietly(what.bytes(bytes as usize).launches(e.launches_per_token()).notes(notes));
                 if e.gpu().traced() {
                     // The tuned half's files beside the default half's, not over them.
-                    let tag = match tiles {
-                        "tuned tiles" => format!("{variant}-tuned-{context}"),
-                        _ => format!("{variant}-{context}"),
-                    };
+                    let tag = format!("{variant}{}-{context}", source.tag());
                     trace_one_token(&mut e, position, &tag);
                 }
             }
@@ -171,16 +238,25 @@ fn main() {
             gpu = Some(g);
         }
     }
-    for &(variant, tiles, context, tuned) in &results {
-        if tiles != "tuned tiles" {
+    // Each other tile set's mean against the defaults' mean, per variant and context.
+    let mean = |variant: &str, tiles: &str, context: usize| {
+        let v: Vec<f64> =
+            results.iter().filter(|r| r.0 == variant && r.1 == tiles && r.2 == context).map(|r| r.3).collect();
+        (v.iter().sum::<f64>() / v.len().max(1) as f64, v.len())
+    };
+    let mut seen: Vec<(&str, &str, usize)> = Vec::new();
+    for (variant, tiles, context, _) in &results {
+        let key = (*variant, tiles.as_str(), *context);
+        if tiles == "default tiles" || seen.contains(&key) {
             continue;
         }
-        if let Some(&(.., default)) =
-            results.iter().find(|r| r.0 == variant && r.1 == "default tiles" && r.2 == context)
-        {
+        seen.push(key);
+        let ((other, n), (default, m)) = (mean(variant, tiles, *context), mean(variant, "default tiles", *context));
+        if m > 0 {
+            let label = if tiles == "tuned tiles" { "tuned".to_owned() } else { tiles.clone() };
             println!(
-                "step {variant} context {context}: tuned {tuned:.3} ms/token against default {default:.3} ms/token ({:+.1}%)",
-                100.0 * (tuned - default) / default
+                "step {variant} context {context}: {label} {other:.3} ms/token against default {default:.3} ms/token ({:+.1}%; means of {n} and {m} runs)",
+                100.0 * (other - default) / default
             );
         }
     }
