@@ -1,7 +1,7 @@
 //! Tables pinned by hand (`autotune --pin`): the plan's tiles with some knobs set to named tile
 //! sets, written as a table the engine takes like a tuned one. This is how one binary compares
 //! the step at its defaults against a candidate in the same run (`benches/step.rs` with
-//! `FLASHNEXT_TUNED` naming the pinned table), for a change that only shows in the whole step
+//! `FLASHNEXT_STEP_TABLES` naming pinned tables), for a change that only shows in the whole step
 //! (a kernel's early loads meet its neighbours' there, not in its own bench). Nothing is timed
 //! and the table says so; the kernels' versions are the current ones, so the table goes stale,
 //! and is refused, as soon as a pinned kernel changes.
@@ -14,7 +14,7 @@ use kernel_dsl::Arch;
 /// The rule a pinned table carries.
 pub const PINNED_RULE: &str = "pinned by hand (autotune --pin), not tuned: the plan's tiles with the named knobs set \
     to the named tile sets, for timing the step at the plan's tiles against these in one run (benches/step.rs with \
-    FLASHNEXT_TUNED naming this table)";
+    FLASHNEXT_STEP_TABLES naming this table)";
 
 /// One `--pin FAMILY.KNOB=TILES`: knob `knob` of family `family`'s units at tile set `tiles`,
 /// `NAME=value` pairs as the tuned tables write them (`ROWS=16 MMA=1 DIRECT=0`); tiles it does not

@@ -46,9 +46,10 @@ use tools::autotune::{self, Target};
 ///
 /// Pinned (`--pin`, no GPU needed): no search; a table of the plan's tiles with the pinned knobs
 /// set, for timing the step at its defaults against those tiles in one run: `autotune --pin
-/// "gdn.in_proj=ROWS=16 WARPS=4 MMA=1 DIRECT=0 STEPS=5 MIN_BLOCKS=0" --device "NVIDIA H200" --arch
-/// sm_90 --sms 132 --out pinned.json`, then on that device `FLASHNEXT_TUNED=pinned.json cargo bench
-/// --bench step -- nvfp4` (its "tuned tiles" half runs the pinned ones).
+/// "gdn.in_proj=ROWS=16 MMA=1 DIRECT=0" --device "NVIDIA H200" --arch sm_90 --sms 132 --out
+/// pinned.json` (the tiles a pin does not name stay at the plan's), then on that device
+/// `FLASHNEXT_STEP_TABLES=pinned.json cargo bench --bench step -- nvfp4`, which times the defaults
+/// and the pinned tiles in turn.
 #[derive(Debug, Parser)]
 #[command(name = "autotune")]
 struct Args {
