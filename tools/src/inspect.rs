@@ -25,12 +25,25 @@ pub fn find(name: &str) -> Result<&'static dyn AnyKernel, String> {
 
 /// `kernel` specialised for `arch` at its default tiles (`tiles` None) or at the declared tile
 /// set written `tiles` (`NAME=value` pairs in any order, as the tuning tables write them:
-/// `LANES=16 WARPS=8 STEPS=10`). A set that is not among the kernel's candidates is refused with
-/// the default and a few candidates, so a typo does not pass for a tile set.
+/// `LANES=16 WARPS=8 STEPS=10`; the tiles it does not name keep their defaults). A name the
+/// kernel lacks, or a set that is not among its candidates, is refused with the default and a few
+/// candidates, so a typo does not pass for a tile set.
 pub fn at_tiles(kernel: &dyn AnyKernel, arch: Arch, tiles: Option<&str>) -> Result<Kernel, String> {
     let default = kernel.default_kernel(arch).map_err(|e| e.to_string())?;
     let Some(text) = tiles else { return Ok(default) };
-    let want = normalise(text)?;
+    let mut want = normalise(&default.key.tiles_string())?;
+    for (name, value) in normalise(text)? {
+        match want.iter_mut().find(|(n, _)| *n == name) {
+            Some(pair) => pair.1 = value,
+            None => {
+                return Err(format!(
+                    "`{text}`: {} has no tile {name} (its tiles, at their defaults: `{}`)",
+                    kernel.name(),
+                    default.key.tiles_string()
+                ));
+            }
+        }
+    }
     if normalise(&default.key.tiles_string())? == want {
         return Ok(default);
     }
@@ -114,6 +127,11 @@ pub struct Summary {
     /// unrolled loop is made of, and so how many instructions an element costs where the issue
     /// rate bounds it (BENCHMARKS.md, step section, session 29), not how often each runs.
     pub opcodes: Vec<(String, usize)>,
+    /// The instructions after the first grid dependency wait (`ACQBULK`) by opcode, most frequent
+    /// first, as [`Summary::opcodes`]; None without a wait. In a kernel that loads its weights
+    /// before the wait this is the work left once the predecessor ends (BENCHMARKS.md, GDN
+    /// section: 955 against 2,254 a thread for the input projection's two paths).
+    pub after_wait: Option<Vec<(String, usize)>>,
     /// The map, one letter an event in program order (see [`Summary::LEGEND`]).
     pub order: String,
 }
@@ -130,6 +148,7 @@ pub fn summarise(sass: &str) -> Summary {
     let mut instructions = 0;
     let mut loads: Vec<(String, usize)> = Vec::new();
     let mut opcodes: Vec<(String, usize)> = Vec::new();
+    let mut after_wait: Option<Vec<(String, usize)>> = None;
     let mut order = String::new();
     for line in sass.lines() {
         // Instruction lines: `/*0060*/  [@P0] OPCODE operands ;`
@@ -150,6 +169,11 @@ pub fn summarise(sass: &str) -> Summary {
         instructions += 1;
         let base = op.split('.').next().unwrap_or(op);
         count(&mut opcodes, base);
+        if let Some(after) = &mut after_wait {
+            count(after, base);
+        } else if base == "ACQBULK" {
+            after_wait = Some(Vec::new());
+        }
         let letter = match base {
             "LDG" => {
                 count(&mut loads, op);
@@ -170,7 +194,10 @@ pub fn summarise(sass: &str) -> Summary {
     }
     // Stable: equal counts keep their first-seen order.
     opcodes.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
-    Summary { instructions, loads, opcodes, order }
+    if let Some(after) = &mut after_wait {
+        after.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    }
+    Summary { instructions, loads, opcodes, after_wait, order }
 }
 
 /// One more of `key` in a first-seen-order tally.
@@ -188,6 +215,14 @@ impl fmt::Display for Summary {
         writeln!(f, "global loads: {}", if loads.is_empty() { "none".to_owned() } else { loads.join(", ") })?;
         let most: Vec<String> = self.opcodes.iter().take(12).map(|(op, n)| format!("{n} {op}")).collect();
         writeln!(f, "most frequent opcodes: {}", most.join(", "))?;
+        match &self.after_wait {
+            Some(after) => {
+                let n: usize = after.iter().map(|(_, n)| n).sum();
+                let most: Vec<String> = after.iter().take(8).map(|(op, n)| format!("{n} {op}")).collect();
+                writeln!(f, "after the grid dependency wait: {n} instructions: {}", most.join(", "))?;
+            }
+            None => writeln!(f, "after the grid dependency wait: no wait")?,
+        }
         writeln!(f, "order: {}", self.order)?;
         write!(f, "  ({})", Self::LEGEND)
     }
@@ -225,6 +260,28 @@ mod tests {
         );
         assert_eq!(s.opcodes.iter().map(|(_, n)| n).sum::<usize>(), s.instructions);
         assert!(s.to_string().contains("most frequent opcodes: 3 LDG, 1 LDC, 1 ACQBULK"), "{s}");
+        // After the wait: the load, the product, the barrier, the exit and the branch.
+        let after: Vec<(&str, usize)> =
+            s.after_wait.as_deref().expect("a wait").iter().map(|(o, n)| (o.as_str(), *n)).collect();
+        assert_eq!(after, vec![("LDG", 1), ("HFMA2", 1), ("BAR", 1), ("EXIT", 1), ("BRA", 1)]);
+        assert!(s.to_string().contains("after the grid dependency wait: 5 instructions: 1 LDG, 1 HFMA2"), "{s}");
+        let no_wait = summarise(&SASS.replace("ACQBULK", "NOP"));
+        assert_eq!(no_wait.after_wait, None);
+        assert!(no_wait.to_string().contains("after the grid dependency wait: no wait"), "{no_wait}");
+    }
+
+    /// A tile set may name only the tiles it changes: the rest keep their defaults.
+    #[test]
+    fn a_partial_tile_set_keeps_the_defaults_of_the_tiles_it_does_not_name() {
+        let k = find("gdn_in_proj_nvfp4").expect("the kernel");
+        let full = at_tiles(k, Arch::Sm90, Some("ROWS=16 WARPS=4 MMA=1 DIRECT=0 STEPS=5 MIN_BLOCKS=0")).expect("full");
+        let short = at_tiles(k, Arch::Sm90, Some("MMA=1 DIRECT=0 ROWS=16")).expect("partial");
+        assert_eq!(short.key, full.key);
+        let e = at_tiles(k, Arch::Sm90, Some("MMA=1 LANES=2")).expect_err("no such tile");
+        assert!(e.contains("has no tile LANES"), "{e}");
+        // The named tiles with the others' defaults must still be a candidate: ROWS 16 alone is
+        // the f32 path's, which takes at most four rows.
+        assert!(at_tiles(k, Arch::Sm90, Some("ROWS=16")).is_err());
     }
 
     #[test]

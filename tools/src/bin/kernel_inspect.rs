@@ -32,8 +32,9 @@ struct Cli {
     /// The architecture: sm_90 (H200) or sm_121a (GB10).
     #[arg(long, default_value = "sm_90")]
     arch: String,
-    /// A declared tile set, NAME=value pairs in any order (as the tuning tables write them);
-    /// default: the kernel's defaults.
+    /// A declared tile set, NAME=value pairs in any order (as the tuning tables write them); the
+    /// tiles it does not name keep their defaults (`--tiles "MMA=1 DIRECT=0 ROWS=16"`); default:
+    /// the kernel's defaults.
     #[arg(long, value_name = "TILES")]
     tiles: Option<String>,
     /// Print the emitted CUDA C.
