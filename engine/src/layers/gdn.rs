@@ -30,7 +30,7 @@
 //! against 37.27), its state update with the norm 3.56 µs against 5.98.
 
 use half::bf16;
-use kernel_dsl::e2m1_pairs::{self, Layout};
+use kernel_dsl::e2m1_pairs::Layout;
 use kernel_dsl::{Arch, DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
@@ -43,6 +43,7 @@ use crate::kernels::gdn::state_update::gdn_state_update;
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::kernels::gemv_nvfp4::gemv_nvfp4;
 use crate::layers::matrix::{MatrixOnDevice, matrix_bytes};
+use crate::layers::paired_codes;
 use crate::model::config::ModelConfig;
 use crate::model::nvfp4::Nvfp4Matrix;
 use crate::model::weights::GdnWeights;
@@ -254,18 +255,11 @@ impl GdnWeightsOnDevice {
     }
 
     /// Rearranges the NVFP4 input projection's codes into `layout` where they are in another
-    /// (a round trip through the host: for tests and tools that run one upload at tile sets
-    /// whose kernels read different layouts). Nothing to do for bf16 weights.
+    /// ([`paired_codes::rearrange`], through the host: for tests and tools that run one upload at
+    /// tile sets whose kernels read different layouts). Nothing to do for bf16 weights.
     pub fn set_in_proj_layout(&mut self, gpu: &Gpu, layout: Layout) -> Result<()> {
         let InProjOnDevice::Nvfp4 { packed, layout: now, .. } = &mut self.in_proj else { return Ok(()) };
-        if *now == layout {
-            return Ok(());
-        }
-        let mut codes: Vec<E2m1x2> = gpu.download(packed)?;
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut codes);
-        e2m1_pairs::from_layout(bytes, *now).map_err(Error::Buffer)?;
-        e2m1_pairs::to_layout(bytes, layout).map_err(Error::Buffer)?;
-        gpu.write(packed, &codes)?;
+        paired_codes::rearrange(gpu, packed, *now, layout)?;
         *now = layout;
         Ok(())
     }

@@ -571,12 +571,12 @@ pub fn gdn(
 }
 
 impl Gdn<'_> {
-    /// Every layer's NVFP4 input-projection codes in the layout `k` reads (the tensor-core path
-    /// reads the paired layout, the f32 path ModelOpt's): a round trip through the host where a
-    /// candidate reads another layout than the last one.
-    fn codes_for(&mut self, k: Option<&GdnKernels>) -> Result<(), String> {
+    /// The first `layers` layers' NVFP4 input-projection codes in the layout `k` reads (the
+    /// tensor-core path reads the paired layout, the f32 path ModelOpt's): a round trip through
+    /// the host where a candidate reads another layout than the last one.
+    fn codes_for(&mut self, k: Option<&GdnKernels>, layers: usize) -> Result<(), String> {
         let layout = k.unwrap_or(&self.plan).in_proj_layout(self.gpu.arch());
-        self.layers.iter_mut().try_for_each(|w| w.set_in_proj_layout(self.gpu, layout)).map_err(err)
+        self.layers[..layers].iter_mut().try_for_each(|w| w.set_in_proj_layout(self.gpu, layout)).map_err(err)
     }
 
     fn launches(&mut self) -> Vec<GdnLaunches> {
@@ -599,7 +599,8 @@ impl Gdn<'_> {
         self.states[0].reset(g).map_err(err)?;
         g.write(&mut self.xs[0], x).map_err(err)?;
         g.fill_bytes(&mut self.ys[0], 0xff).map_err(err)?;
-        self.codes_for(k)?;
+        // Only layer 0 runs here: a check alternates the plan's kernel and the candidate's.
+        self.codes_for(k, 1)?;
         let l = self.launches().swap_remove(0);
         let k = k.unwrap_or(&self.plan);
         // SAFETY: the launches address this harness's weights, state, scratch, x and y, alive for
@@ -612,7 +613,7 @@ impl Gdn<'_> {
 impl Harness<GdnTiles> for Gdn<'_> {
     fn measure(&mut self, tiles: &GdnTiles) -> Result<f64, String> {
         let k = GdnKernels::load(self.gpu, *tiles).map_err(err)?;
-        self.codes_for(Some(&k))?;
+        self.codes_for(Some(&k), LAYERS)?;
         let launches = self.launches();
         let gpu = self.gpu;
         // SAFETY: as in `run_one`, for every layer.

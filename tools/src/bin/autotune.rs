@@ -222,7 +222,9 @@ fn run_pinned(a: &Args, cfg: &ModelConfig) -> Result<(), String> {
     };
     let mut took = vec![false; a.pin.len()];
     let mut knobs: Vec<KnobName> = Vec::new();
-    let mut place = |table: &mut Table, entry: Option<(engine::tuned::Entry, Vec<usize>)>| {
+    // One unit: its knobs named for the refusals, its entry taken where a pin takes it.
+    let mut pin_unit = |table: &mut Table, names: Vec<KnobName>, entry: Option<(engine::tuned::Entry, Vec<usize>)>| {
+        knobs.extend(names);
         if let Some((e, which)) = entry {
             which.iter().for_each(|&i| took[i] = true);
             eprintln!("autotune: pinned {} {}", e.family, e.format);
@@ -232,24 +234,19 @@ fn run_pinned(a: &Args, cfg: &ModelConfig) -> Result<(), String> {
     for formats in [Formats::NVFP4, Formats::BF16] {
         let plan = StepPlan::new(cfg, formats, a.context).map_err(|e| e.to_string())?;
         let u = plan.units(a.sms);
-        knobs.extend(pin::knob_names(&u.moe));
-        place(&mut table, pin::pinned(&u.moe, plan.moe_tiles, &a.pin, a.arch)?);
-        knobs.extend(pin::knob_names(&u.mix));
-        place(&mut table, pin::pinned(&u.mix, plan.mix_tiles, &a.pin, a.arch)?);
+        let (pins, arch) = (&a.pin, a.arch);
+        pin_unit(&mut table, pin::knob_names(&u.moe), pin::pinned(&u.moe, plan.moe_tiles, pins, arch)?);
+        pin_unit(&mut table, pin::knob_names(&u.mix), pin::pinned(&u.mix, plan.mix_tiles, pins, arch)?);
         if let (Some(unit), Some((_, tiles))) = (&u.gdn, plan.gdn) {
-            knobs.extend(pin::knob_names(unit));
-            place(&mut table, pin::pinned(unit, tiles, &a.pin, a.arch)?);
+            pin_unit(&mut table, pin::knob_names(unit), pin::pinned(unit, tiles, pins, arch)?);
         }
         if let (Some(unit), Some((_, tiles))) = (&u.qsa, plan.qsa) {
-            knobs.extend(pin::knob_names(unit));
-            place(&mut table, pin::pinned(unit, tiles, &a.pin, a.arch)?);
+            pin_unit(&mut table, pin::knob_names(unit), pin::pinned(unit, tiles, pins, arch)?);
         }
         if let (Some(unit), Some((_, tiles))) = (&u.ple, plan.ple) {
-            knobs.extend(pin::knob_names(unit));
-            place(&mut table, pin::pinned(unit, tiles, &a.pin, a.arch)?);
+            pin_unit(&mut table, pin::knob_names(unit), pin::pinned(unit, tiles, pins, arch)?);
         }
-        knobs.extend(pin::knob_names(&u.lm_head));
-        place(&mut table, pin::pinned(&u.lm_head, plan.lm_head_tiles, &a.pin, a.arch)?);
+        pin_unit(&mut table, pin::knob_names(&u.lm_head), pin::pinned(&u.lm_head, plan.lm_head_tiles, pins, arch)?);
     }
     let missed: Vec<String> =
         a.pin.iter().zip(&took).filter(|(_, t)| !**t).map(|(p, _)| pin::unplaced(p, &knobs)).collect();
