@@ -301,6 +301,27 @@ fn gdn_nvfp4_tiny_every_tile_candidate_matches_the_reference() {
     case(&gpu, &mut rng, TINY_NVFP4, true, &tiles);
 }
 
+/// The tensor-core input projection alone, at every tile set of it that fits the tiny NVFP4
+/// shape (the sweep above holds them among 30 others): a run short enough for racecheck, whose
+/// concern is this path's two meetings in shared memory (x staged behind a barrier, the warps'
+/// sums behind another).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gdn_nvfp4_tensor_core_tiles_match_the_reference() {
+    let gpu = flashnext::gpu::open();
+    let mut rng = Rng::fresh("gdn nvfp4 tensor cores");
+    let base = GdnTiles::fitting(TINY_NVFP4, true, NormAt::DeltaRuleBlock).expect("fitting tiles");
+    let tiles: Vec<GdnTiles> = <gdn_in_proj_nvfp4::Tiles as TileSet>::candidates()
+        .into_iter()
+        .filter(|t| t.mma == 1)
+        .map(|in_proj_nvfp4| GdnTiles { in_proj_nvfp4, ..base })
+        .filter(|t| t.check(TINY_NVFP4, true).is_ok())
+        .collect();
+    println!("tiny shape, nvfp4 tensor-core input projection: {} tile sets", tiles.len());
+    assert!(tiles.len() >= 6, "{tiles:?}");
+    case(&gpu, &mut rng, TINY_NVFP4, true, &tiles);
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gdn_published_shape_matches_the_reference() {
@@ -311,17 +332,19 @@ fn gdn_published_shape_matches_the_reference() {
     let tiles = PATHS.map(|norm_at| GdnTiles { norm_at, ..GdnTiles::default() });
     assert_eq!(tiles[1], GdnTiles::default());
     case(&gpu, &mut rng, PUBLISHED, false, &tiles);
-    // NVFP4: the input projection on its f32 path and on its tensor-core path (codes in the
-    // paired layout), at each residency it declares.
+    // NVFP4: the input projection on its tensor-core path (the default; codes in the paired
+    // layout) at each residency it declares, and on its f32 path (codes in ModelOpt's layout).
     let mut nvfp4 = tiles.to_vec();
-    for min_blocks in [0, 4, 8] {
-        let in_proj_nvfp4 = gdn_in_proj_nvfp4::Tiles { rows: 16, mma: 1, direct: 0, min_blocks, ..TileSet::DEFAULT };
+    let f32_path = gdn_in_proj_nvfp4::Tiles { rows: 4, mma: 0, direct: 1, ..TileSet::DEFAULT };
+    let in_projs = [0, 4, 8].map(|min_blocks| gdn_in_proj_nvfp4::Tiles { min_blocks, ..TileSet::DEFAULT });
+    for in_proj_nvfp4 in in_projs.into_iter().chain([f32_path]) {
         let t = GdnTiles { in_proj_nvfp4, ..GdnTiles::default() };
         if t.check(PUBLISHED, true).is_ok() && !nvfp4.contains(&t) {
             nvfp4.push(t);
         }
     }
     assert!(nvfp4.iter().any(|t| t.in_proj_nvfp4.mma == 1), "{nvfp4:?}");
+    assert!(nvfp4.iter().any(|t| t.in_proj_nvfp4.mma == 0), "{nvfp4:?}");
     case(&gpu, &mut rng, PUBLISHED, true, &nvfp4);
 }
 

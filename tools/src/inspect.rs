@@ -274,14 +274,14 @@ mod tests {
     #[test]
     fn a_partial_tile_set_keeps_the_defaults_of_the_tiles_it_does_not_name() {
         let k = find("gdn_in_proj_nvfp4").expect("the kernel");
-        let full = at_tiles(k, Arch::Sm90, Some("ROWS=16 WARPS=4 MMA=1 DIRECT=0 STEPS=5 MIN_BLOCKS=0")).expect("full");
-        let short = at_tiles(k, Arch::Sm90, Some("MMA=1 DIRECT=0 ROWS=16")).expect("partial");
+        let full = at_tiles(k, Arch::Sm90, Some("ROWS=4 WARPS=4 MMA=0 DIRECT=1 STEPS=5 MIN_BLOCKS=0")).expect("full");
+        let short = at_tiles(k, Arch::Sm90, Some("MMA=0 DIRECT=1 ROWS=4")).expect("partial");
         assert_eq!(short.key, full.key);
-        let e = at_tiles(k, Arch::Sm90, Some("MMA=1 LANES=2")).expect_err("no such tile");
+        let e = at_tiles(k, Arch::Sm90, Some("MMA=0 LANES=2")).expect_err("no such tile");
         assert!(e.contains("has no tile LANES"), "{e}");
-        // The named tiles with the others' defaults must still be a candidate: ROWS 16 alone is
-        // the f32 path's, which takes at most four rows.
-        assert!(at_tiles(k, Arch::Sm90, Some("ROWS=16")).is_err());
+        // The named tiles with the others' defaults must still be a candidate: MMA 0 alone keeps
+        // the tensor-core path's 16 rows, and the f32 path takes at most four.
+        assert!(at_tiles(k, Arch::Sm90, Some("MMA=0")).is_err());
     }
 
     #[test]

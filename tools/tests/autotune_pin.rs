@@ -29,7 +29,7 @@ const H200: [&str; 6] = ["--device", "NVIDIA H200", "--arch", "sm_90", "--sms", 
 #[test]
 fn a_pinned_table_is_taken_by_the_step() {
     let out = out_path("pinned.json");
-    let mut args = vec!["--pin", "gdn.in_proj=ROWS=16 MMA=1 DIRECT=0", "--out", out.to_str().expect("utf-8")];
+    let mut args = vec!["--pin", "gdn.in_proj=ROWS=4 MMA=0 DIRECT=1", "--out", out.to_str().expect("utf-8")];
     args.extend(H200);
     let o = run(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -40,7 +40,7 @@ fn a_pinned_table_is_taken_by_the_step() {
     let (tuned, notices) = plan.clone().tuned(&table, Arch::Sm90, 132);
     assert!(!notices.iter().any(|n| n.starts_with("gdn")), "{notices:?}");
     let (before, after) = (plan.gdn.expect("gdn").1, tuned.gdn.expect("gdn").1);
-    assert_eq!((after.in_proj_nvfp4.mma, after.in_proj_nvfp4.rows, after.in_proj_nvfp4.direct), (1, 16, 0));
+    assert_eq!((after.in_proj_nvfp4.mma, after.in_proj_nvfp4.rows, after.in_proj_nvfp4.direct), (0, 4, 1));
     assert_eq!(after.in_proj_nvfp4.warps, before.in_proj_nvfp4.warps, "unnamed tiles keep the plan's");
     assert_eq!(after.out_proj_nvfp4, before.out_proj_nvfp4);
 }
@@ -62,7 +62,7 @@ fn pins_that_take_nothing_or_do_not_fit_are_refused() {
         assert!(!o.status.success() && err.contains(says), "{pin}: {err}");
         assert!(!out.exists(), "{pin}: a refused pin wrote {}", out.display());
     }
-    let o = run(&["--pin", "gdn.in_proj=ROWS=16 MMA=1 DIRECT=0"]);
+    let o = run(&["--pin", "gdn.in_proj=ROWS=4 MMA=0 DIRECT=1"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--out"));
     let o = run(&["--pin", "gdn"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("FAMILY.KNOB=TILES"));

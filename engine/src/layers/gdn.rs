@@ -948,21 +948,21 @@ mod tests {
         }
     }
 
-    /// The tensor-core input projection reads the paired layout where the architecture decodes
-    /// E2M1 in software (sm_90) and ModelOpt's where it converts in hardware (sm_121a); the f32
-    /// path (the default) reads ModelOpt's on both. The step uploads by this answer.
+    /// The tensor-core input projection (the default) reads the paired layout where the
+    /// architecture decodes E2M1 in software (sm_90) and ModelOpt's where it converts in hardware
+    /// (sm_121a); the f32 path reads ModelOpt's on both. The step uploads by this answer.
     #[test]
     fn the_input_projections_layout_follows_its_path() {
-        let d = GdnTiles::default();
-        assert_eq!(d.in_proj_nvfp4.mma, 0);
-        let mma = GdnTiles {
-            in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles { rows: 16, mma: 1, direct: 0, ..TileSet::DEFAULT },
-            ..d
+        let mma = GdnTiles::default();
+        assert_eq!((mma.in_proj_nvfp4.mma, mma.in_proj_nvfp4.rows), (1, 16));
+        let f32_path = GdnTiles {
+            in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles { rows: 4, mma: 0, direct: 1, ..TileSet::DEFAULT },
+            ..mma
         };
-        mma.check(PUBLISHED, true).expect("the tensor-core path fits the published shape");
+        f32_path.check(PUBLISHED, true).expect("the f32 path fits the published shape");
         for (tiles, arch, want) in [
-            (d, Arch::Sm90, Layout::Nibbles),
-            (d, Arch::Sm121a, Layout::Nibbles),
+            (f32_path, Arch::Sm90, Layout::Nibbles),
+            (f32_path, Arch::Sm121a, Layout::Nibbles),
             (mma, Arch::Sm90, Layout::Pairs),
             (mma, Arch::Sm121a, Layout::Nibbles),
         ] {

@@ -17,7 +17,7 @@ pub const PINNED_RULE: &str = "pinned by hand (autotune --pin), not tuned: the p
     FLASHNEXT_STEP_TABLES naming this table)";
 
 /// One `--pin FAMILY.KNOB=TILES`: knob `knob` of family `family`'s units at tile set `tiles`,
-/// `NAME=value` pairs as the tuned tables write them (`ROWS=16 MMA=1 DIRECT=0`); tiles it does not
+/// `NAME=value` pairs as the tuned tables write them (`ROWS=4 MMA=0 DIRECT=1`); tiles it does not
 /// name stay at the plan's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pin {
@@ -152,7 +152,8 @@ mod tests {
 
     use super::*;
 
-    const MMA: &str = "ROWS=16 WARPS=4 MMA=1 DIRECT=0 STEPS=5 MIN_BLOCKS=0";
+    // The input projection's f32 path (the default until session 38 made the tensor-core one).
+    const F32: &str = "ROWS=4 WARPS=4 MMA=0 DIRECT=1 STEPS=5 MIN_BLOCKS=0";
 
     fn plan(formats: Formats) -> StepPlan {
         StepPlan::new(&ModelConfig::published(), formats, 32_768).expect("plan")
@@ -168,25 +169,26 @@ mod tests {
         }
     }
 
-    /// The NVFP4 GDN unit takes a pin of its tensor-core input projection; the step's plan then
+    /// The NVFP4 GDN unit takes a pin of its input projection's f32 path; the step's plan then
     /// reads it back from the table as those tiles, its other knobs at the plan's. The bf16 unit,
     /// whose kernel has no such tile set, is not pinned.
     #[test]
     fn a_pinned_gdn_entry_is_what_the_step_takes() {
-        let pins = vec![format!("gdn.in_proj={MMA}").parse::<Pin>().expect("pin")];
+        let pins = vec![format!("gdn.in_proj={F32}").parse::<Pin>().expect("pin")];
         let nvfp4 = plan(Formats::NVFP4);
         let (shape, tiles) = nvfp4.gdn.expect("gdn");
         let unit = nvfp4.units(132).gdn.expect("unit");
         let (entry, took) = pinned(&unit, tiles, &pins, Arch::Sm90).expect("fits").expect("taken");
         assert_eq!(took, vec![0]);
         let in_proj = entry.winner.iter().find(|c| c.knob == "in_proj").expect("in_proj");
-        assert_eq!((in_proj.kernel.as_str(), in_proj.tiles.as_str()), ("gdn_in_proj_nvfp4", MMA));
+        assert_eq!((in_proj.kernel.as_str(), in_proj.tiles.as_str()), ("gdn_in_proj_nvfp4", F32));
         let table =
             Table { device: "NVIDIA H200".into(), arch: "sm_90".into(), entries: vec![entry], ..Table::default() };
         let (taken, notices) = nvfp4.clone().tuned(&table, Arch::Sm90, 132);
         let (_, got) = taken.gdn.expect("gdn");
         assert_eq!(got, GdnTiles { in_proj_nvfp4: got.in_proj_nvfp4, ..tiles }, "only the pinned knob moves");
-        assert_eq!((got.in_proj_nvfp4.mma, got.in_proj_nvfp4.rows), (1, 16));
+        assert_eq!((got.in_proj_nvfp4.mma, got.in_proj_nvfp4.rows), (0, 4));
+        assert_ne!(got, tiles, "the pin moved the plan's tiles");
         assert!(!notices.iter().any(|n| n.starts_with("gdn")), "{notices:?}");
         assert_eq!(format!("{shape:?}"), unit.shape);
 
@@ -205,9 +207,9 @@ mod tests {
         assert_eq!(over("ROWS=4 WARPS=4", "ROWS"), None);
         let nvfp4 = plan(Formats::NVFP4);
         let unit = nvfp4.units(132).gdn.expect("unit");
-        let short = "gdn.in_proj=ROWS=16 MMA=1 DIRECT=0".parse::<Pin>().expect("pin");
+        let short = "gdn.in_proj=ROWS=4 MMA=0 DIRECT=1".parse::<Pin>().expect("pin");
         let (entry, _) = pinned(&unit, nvfp4.gdn.expect("gdn").1, &[short], Arch::Sm90).expect("fits").expect("taken");
-        assert_eq!(entry.winner[0].tiles, MMA, "the defaults' WARPS, STEPS and MIN_BLOCKS kept");
+        assert_eq!(entry.winner[0].tiles, F32, "the defaults' WARPS, STEPS and MIN_BLOCKS kept");
     }
 
     /// A pin whose tiles the kernel declares but the shape refuses is an error that says so; a

@@ -46,7 +46,7 @@ use tools::autotune::{self, Target};
 ///
 /// Pinned (`--pin`, no GPU needed): no search; a table of the plan's tiles with the pinned knobs
 /// set, for timing the step at its defaults against those tiles in one run: `autotune --pin
-/// "gdn.in_proj=ROWS=16 MMA=1 DIRECT=0" --device "NVIDIA H200" --arch sm_90 --sms 132 --out
+/// "gdn.in_proj=ROWS=4 MMA=0 DIRECT=1" --device "NVIDIA H200" --arch sm_90 --sms 132 --out
 /// pinned.json` (the tiles a pin does not name stay at the plan's), then on that device
 /// `FLASHNEXT_STEP_TABLES=pinned.json cargo bench --bench step -- nvfp4`, which times the defaults
 /// and the pinned tiles in turn.

@@ -142,7 +142,7 @@ pub fn gdn_in_proj_bf16(
 /// before using them. So are the epilogue's operands (conv taps and history, A_log, dt_bias, the
 /// global scale), one a lane, gathered by shuffles after the sums: the epilogue's loads were a
 /// round trip at the end of every block. The block scales wait packed, four a register. What is
-/// resident before the wait is what streams early: at the default ROWS = 4 a thread holds 80
+/// resident before the wait is what streams early: at ROWS = 4 (the f32 path's best) a thread holds 80
 /// registers on sm_90, six blocks an SM, 12,672 of the published shape's 16,480 rows (ROWS = 2 held
 /// 64 registers, eight blocks, 8,448 rows); the rest of the grid starts as those blocks finish.
 /// MIN_BLOCKS is the residency ptxas budgets registers to (0: none).
@@ -151,10 +151,11 @@ pub fn gdn_in_proj_bf16(
 /// after the first warp) instead of staging x in shared memory first: no barrier and no staging
 /// pass stand before a block's first weight load, which matters because the grid is about one
 /// wave of short blocks (5 steps of 512 values at the published shape), each a chain of a few
-/// memory round trips. The default: on the H200 it takes the input projection from 20.6 to
+/// memory round trips. The f32 path's best: on the H200 it took the input projection from 20.6 to
 /// 17.1 µs at the published shape (BENCHMARKS.md, GDN section).
 ///
-/// MMA = 1 (with ROWS = 16) takes the products to the tensor cores, at the same accuracy: f16
+/// MMA = 1 (with ROWS = 16; the default since session 38) takes the products to the tensor
+/// cores, at the same accuracy: f16
 /// operands and f32 sums (`mma.m16n8k16`). It reads its codes in the paired layout of the
 /// architecture ([`nvfp4_codes_layout`], `kernel_dsl::e2m1_pairs`: nine integer instructions a
 /// word on sm_90 instead of about sixteen; ModelOpt's on sm_121a, which converts in hardware),
@@ -176,7 +177,8 @@ pub fn gdn_in_proj_bf16(
 /// weights (3.0 a weight: 40 `HMMA`, the decode's masks and multiplies, the staging of x and the
 /// epilogue), where the f32 path issues 2,254 for its 320 (7.0). Its codes take 40 registers a
 /// lane: 94 registers in all, five blocks an SM (MIN_BLOCKS 8 fits eight, the whole grid, in 64
-/// registers by spilling 76 bytes).
+/// registers by spilling 76 bytes). Measured on an H100 (BENCHMARKS.md, GDN section): 12.49 µs
+/// alone against the f32 path's 13.37, and the step 1.2% / 1.5% faster at 1k / 32k.
 #[kernel(
     block = 32 * WARPS,
     // A warp's ROWS rows, or with MMA a block's 16.
@@ -198,10 +200,10 @@ pub fn gdn_in_proj_bf16(
     min_blocks = MIN_BLOCKS,
 )]
 pub fn gdn_in_proj_nvfp4(
-    #[tile(default = 4, candidates = [1, 2, 4, 16])] ROWS: u32,
+    #[tile(default = 16, candidates = [1, 2, 4, 16])] ROWS: u32,
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 0, candidates = [0, 1])] MMA: u32,
-    #[tile(default = 1, candidates = [0, 1])] DIRECT: u32,
+    #[tile(default = 1, candidates = [0, 1])] MMA: u32,
+    #[tile(default = 0, candidates = [0, 1])] DIRECT: u32,
     #[tile(default = 5, candidates = [5, 8])] STEPS: u32,
     #[tile(default = 0, candidates = [0, 4, 8])] MIN_BLOCKS: u32,
     packed: &[e2m1x2],
