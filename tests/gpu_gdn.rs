@@ -335,9 +335,8 @@ fn gdn_published_shape_matches_the_reference() {
     // NVFP4: the input projection on its tensor-core path (the default; codes in the paired
     // layout) at each residency it declares, and on its f32 path (codes in ModelOpt's layout).
     let mut nvfp4 = tiles.to_vec();
-    let f32_path = gdn_in_proj_nvfp4::Tiles { rows: 4, mma: 0, direct: 1, ..TileSet::DEFAULT };
     let in_projs = [0, 4, 8].map(|min_blocks| gdn_in_proj_nvfp4::Tiles { min_blocks, ..TileSet::DEFAULT });
-    for in_proj_nvfp4 in in_projs.into_iter().chain([f32_path]) {
+    for in_proj_nvfp4 in in_projs.into_iter().chain([engine::kernels::gdn::in_proj::F32_PATH]) {
         let t = GdnTiles { in_proj_nvfp4, ..GdnTiles::default() };
         if t.check(PUBLISHED, true).is_ok() && !nvfp4.contains(&t) {
             nvfp4.push(t);

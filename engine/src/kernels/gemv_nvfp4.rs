@@ -404,6 +404,7 @@ pub fn gemv_nvfp4(
     if MMA == 1 && ROWS == 0 {
         // Rows g and g + 8 of the warp's 16; lane q of the row's four. Rows past the end read the
         // last row and write nothing.
+        let (g, q) = (lane_id() / 4, lane_id() % 4);
         let r0 = (block_idx() * WARPS + warp_id()) * 16 + g;
         let r1 = r0 + 8;
         let (l0, l1) = (min(r0, rows - 1), min(r1, rows - 1));

@@ -955,10 +955,7 @@ mod tests {
     fn the_input_projections_layout_follows_its_path() {
         let mma = GdnTiles::default();
         assert_eq!((mma.in_proj_nvfp4.mma, mma.in_proj_nvfp4.rows), (1, 16));
-        let f32_path = GdnTiles {
-            in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles { rows: 4, mma: 0, direct: 1, ..TileSet::DEFAULT },
-            ..mma
-        };
+        let f32_path = GdnTiles { in_proj_nvfp4: crate::kernels::gdn::in_proj::F32_PATH, ..mma };
         f32_path.check(PUBLISHED, true).expect("the f32 path fits the published shape");
         for (tiles, arch, want) in [
             (f32_path, Arch::Sm90, Layout::Nibbles),

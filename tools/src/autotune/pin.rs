@@ -152,8 +152,10 @@ mod tests {
 
     use super::*;
 
-    // The input projection's f32 path (the default until session 38 made the tensor-core one).
-    const F32: &str = "ROWS=4 WARPS=4 MMA=0 DIRECT=1 STEPS=5 MIN_BLOCKS=0";
+    /// The input projection's f32 path as a table writes it.
+    fn f32_path() -> String {
+        engine::tuned::tiles_string(&engine::kernels::gdn::in_proj::F32_PATH)
+    }
 
     fn plan(formats: Formats) -> StepPlan {
         StepPlan::new(&ModelConfig::published(), formats, 32_768).expect("plan")
@@ -174,14 +176,14 @@ mod tests {
     /// whose kernel has no such tile set, is not pinned.
     #[test]
     fn a_pinned_gdn_entry_is_what_the_step_takes() {
-        let pins = vec![format!("gdn.in_proj={F32}").parse::<Pin>().expect("pin")];
+        let pins = vec![format!("gdn.in_proj={}", f32_path()).parse::<Pin>().expect("pin")];
         let nvfp4 = plan(Formats::NVFP4);
         let (shape, tiles) = nvfp4.gdn.expect("gdn");
         let unit = nvfp4.units(132).gdn.expect("unit");
         let (entry, took) = pinned(&unit, tiles, &pins, Arch::Sm90).expect("fits").expect("taken");
         assert_eq!(took, vec![0]);
         let in_proj = entry.winner.iter().find(|c| c.knob == "in_proj").expect("in_proj");
-        assert_eq!((in_proj.kernel.as_str(), in_proj.tiles.as_str()), ("gdn_in_proj_nvfp4", F32));
+        assert_eq!((in_proj.kernel.as_str(), in_proj.tiles.as_str()), ("gdn_in_proj_nvfp4", f32_path().as_str()));
         let table =
             Table { device: "NVIDIA H200".into(), arch: "sm_90".into(), entries: vec![entry], ..Table::default() };
         let (taken, notices) = nvfp4.clone().tuned(&table, Arch::Sm90, 132);
@@ -209,7 +211,7 @@ mod tests {
         let unit = nvfp4.units(132).gdn.expect("unit");
         let short = "gdn.in_proj=ROWS=4 MMA=0 DIRECT=1".parse::<Pin>().expect("pin");
         let (entry, _) = pinned(&unit, nvfp4.gdn.expect("gdn").1, &[short], Arch::Sm90).expect("fits").expect("taken");
-        assert_eq!(entry.winner[0].tiles, F32, "the defaults' WARPS, STEPS and MIN_BLOCKS kept");
+        assert_eq!(entry.winner[0].tiles, f32_path(), "the defaults' WARPS, STEPS and MIN_BLOCKS kept");
     }
 
     /// A pin whose tiles the kernel declares but the shape refuses is an error that says so; a

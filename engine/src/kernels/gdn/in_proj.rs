@@ -5,6 +5,13 @@ use kernel_dsl::Arch;
 use kernel_dsl::e2m1_pairs::Layout;
 use kernel_macros::kernel;
 
+/// The f32 path's best tiles (four rows a warp, x read where it is), the default until session 38
+/// made the tensor-core path one: 13.37 µs at the published shape against 12.49 on an H100, the
+/// step 1.2% to 2.1% slower (BENCHMARKS.md, GDN section). Kept for the tests and comparisons
+/// that run both paths.
+pub const F32_PATH: gdn_in_proj_nvfp4::Tiles =
+    gdn_in_proj_nvfp4::Tiles { rows: 4, warps: 4, mma: 0, direct: 1, steps: 5, min_blocks: 0 };
+
 /// The layout [`gdn_in_proj_nvfp4`] at `tiles` reads its codes in on `arch`: the tensor-core path
 /// (MMA = 1) the paired layout of the architecture, the f32 path (whose raw decode is one
 /// multiply and one mask a value in ModelOpt's layout already) ModelOpt's. The layer uploads its
