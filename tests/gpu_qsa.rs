@@ -642,6 +642,13 @@ fn attention_through_the_selection_matches_the_reference() {
     let combines: Vec<(qsa_attention::Tiles, qsa_attention_combine::Tiles)> =
         qsa_attention_combine::Tiles::candidates().into_iter().map(|t| (TileSet::DEFAULT, t)).collect();
     attention_case(&gpu, &mut rng, published(2_052), &combines);
+    // Every attention tile set at the published shape (its 12 query heads a block or shared over
+    // 2, 3 or 4 blocks), dense and past the budget.
+    let attentions: Vec<(qsa_attention::Tiles, qsa_attention_combine::Tiles)> =
+        qsa_attention::Tiles::candidates().into_iter().map(|t| (t, TileSet::DEFAULT)).collect();
+    for context in [1_024, 100_000] {
+        attention_case(&gpu, &mut rng, published(context), &attentions);
+    }
     // A small shape (head_dim 128, 3 query heads a key/value head, a budget of 8 blocks), every
     // tile candidate of each kernel, the other at its defaults or, where those do not fit the
     // shape, at the first candidate that does (the combine's sets beside a 2-warp attention):

@@ -458,12 +458,18 @@ impl QsaTiles {
     }
 
     /// The defaults, with each GEMV's K split lowered (to 1 at worst) until `shape` allows it
-    /// (small shapes cannot split K as far as the published one), and the attention's warps set
-    /// to what the head width needs (head_dim = 64·WARPS).
+    /// (small shapes cannot split K as far as the published one), the attention's warps set
+    /// to what the head width needs (head_dim = 64·WARPS) and its blocks a key/value head
+    /// lowered until they divide that head's query heads.
     pub fn fitting(shape: QsaShape) -> QsaTiles {
         let mut t = QsaTiles::default();
         if shape.head_dim.is_multiple_of(64) && shape.head_dim >= 64 {
             t.attention.warps = (shape.head_dim / 64) as u32;
+        }
+        // The attention's blocks a key/value head share its query heads evenly (1 always does).
+        let group = shape.q_heads / shape.kv_heads.max(1);
+        while t.attention.head_blocks > 1 && !group.is_multiple_of(t.attention.head_blocks as usize) {
+            t.attention.head_blocks -= 1;
         }
         let a = QsaLaunches::unbound(shape, 4 * shape.block_tokens, t.attention);
         for (tiles, args) in [(&mut t.in_proj, &a.in_proj), (&mut t.o_proj, &a.o_proj)] {
@@ -994,6 +1000,9 @@ mod tests {
         assert_eq!(QsaTiles::fitting(gqa3).attention.warps, 2);
         assert_eq!(QsaTiles::fitting(gqa3).o_proj.k_split, 1);
         assert_eq!(QsaTiles::fitting(tiny).o_proj.k_split, 4);
+        // The attention's 3 blocks a key/value head lowered to what divides 2 and kept at 3.
+        assert_eq!(QsaTiles::fitting(tiny).attention.head_blocks, 2);
+        assert_eq!(QsaTiles::fitting(gqa3).attention.head_blocks, 3);
         // o_proj's NVFP4 GEMV: the row path at the published width, the split path where the
         // row path's columns do not fit (tiny's 1,024), lowered until it fits.
         assert_eq!(QsaTiles::fitting(PUBLISHED).o_proj_nvfp4, crate::kernels::gemv_nvfp4::ROW_PATH);

@@ -18,9 +18,19 @@ use kernel_macros::kernel;
 /// is read from device memory; the grid is sized for the largest selection (`top` blocks plus a
 /// tail), so one graph serves every length.
 ///
-/// Grid (kv_heads, splits of CHUNK tokens); splits = ⌈(top + 1)·c / CHUNK⌉ (the launch dims'
-/// `grid[1]`, which the combine takes). A block serves the `group` = q_heads / kv_heads query
-/// heads of its key/value head, so each K and V row is read once. The split's unnormalised output
+/// Grid (kv_heads·HEAD_BLOCKS, splits of CHUNK tokens); splits = ⌈(top + 1)·c / CHUNK⌉ (the
+/// launch dims' `grid[1]`, which the combine takes). With HEAD_BLOCKS = 1 a block serves the
+/// q_heads / kv_heads query heads of its key/value head, so each K and V row is read once; with
+/// more, those heads are shared among HEAD_BLOCKS blocks, each reading the same rows (the later
+/// ones from L2) for fewer heads: the per-head steps after the loads (a head's products, its
+/// shuffles, its softmax) are a chain a block walks head after head, and at short contexts only
+/// the splits that hold tokens work, one block an SM or fewer, so more blocks a split shorten the
+/// chain each walks. One NVIDIA H100, 2026-12-06 (BENCHMARKS.md, QSA section): at the published
+/// shape (12 heads a key/value head) 3 blocks of 4 heads took the step 1.2% / 0.6% faster at 1k
+/// / 32k (in two calls), 2 blocks 0.9% / 0.7%, 4 blocks 0.7% faster at 1k and 1.1% slower at 32k;
+/// the attention and its combine alone at 32k 17.23 → 15.24 µs. So 3 is the default, lowered
+/// where it does not divide the heads ([`QsaTiles::fitting`](crate::layers::qsa::QsaTiles::fitting)).
+/// The split's unnormalised output
 /// and (m, Σ) go to `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits,
 /// 2]; splits past the selection's end write an empty partial (m = −∞, Σ = 0, zeros) and stop;
 /// split 0 always holds the current token.
@@ -37,9 +47,10 @@ use kernel_macros::kernel;
 /// head over the chunk. Every sum has a fixed order, so a launch's bits repeat.
 #[kernel(
     block = 32 * WARPS,
-    grid = (kv_heads, div_ceil(top * block_tokens + block_tokens, CHUNK)),
+    grid = (kv_heads * HEAD_BLOCKS, div_ceil(top * block_tokens + block_tokens, CHUNK)),
     require(
         head_dim == 64 * WARPS,
+        (q_heads / kv_heads) % HEAD_BLOCKS == 0,
         CHUNK % WARPS == 0,
         CHUNK <= 32,
         kv_heads >= 1,
@@ -52,6 +63,7 @@ use kernel_macros::kernel;
 pub fn qsa_attention(
     #[tile(default = 4, candidates = [2, 4])] WARPS: u32,
     #[tile(default = 16, candidates = [16, 32])] CHUNK: u32,
+    #[tile(default = 3, candidates = [1, 2, 3, 4])] HEAD_BLOCKS: u32,
     q: &[f32],
     k_cache: &[bf16],
     v_cache: &[bf16],
@@ -76,10 +88,13 @@ pub fn qsa_attention(
     let rows = shared::<u32, CHUNK>();
     // Dimensions per lane in the key pass: head_dim / 32.
     let per_lane = 2 * WARPS;
-    let kvh = block_idx();
+    let kvh = block_idx() / HEAD_BLOCKS;
     let split = block_idx_y();
     let splits = grid_dim_y();
-    let group = q_heads / kv_heads;
+    // This block's query heads: `group` of its key/value head's, from head0 (a share of them with
+    // HEAD_BLOCKS > 1, each share's block reading the same K and V rows).
+    let group = q_heads / kv_heads / HEAD_BLOCKS;
+    let head0 = kvh * (q_heads / kv_heads) + (block_idx() % HEAD_BLOCKS) * group;
     let c = block_tokens;
     let pos = position[0];
     let complete = (pos + 1) / c;
@@ -91,12 +106,12 @@ pub fn qsa_attention(
     if t0 >= total {
         // An empty split (the whole block agrees): weight 0 in the combine.
         if thread_idx() < group {
-            let slot = (kvh * group + thread_idx()) * splits + split;
+            let slot = (head0 + thread_idx()) * splits + split;
             partial_ml[2 * slot] = f32::NEG_INFINITY;
             partial_ml[2 * slot + 1] = 0.0;
         }
         for h in 0..group {
-            let at = ((kvh * group + h) * splits + split) * head_dim + d;
+            let at = ((head0 + h) * splits + split) * head_dim + d;
             partial_acc[at] = 0.0;
             partial_acc[at + 1] = 0.0;
         }
@@ -106,7 +121,7 @@ pub fn qsa_attention(
 
     // The queries and the chunk's cache rows (token i ≥ len takes the last token's row).
     for i in (4 * thread_idx()..group * head_dim).step_by(4 * 32 * WARPS) {
-        store_vec(qs, i, load_vec::<f32x4>(q, kvh * group * head_dim + i));
+        store_vec(qs, i, load_vec::<f32x4>(q, head0 * head_dim + i));
     }
     if thread_idx() < CHUNK {
         let j = t0 + min(thread_idx(), len - 1);
@@ -203,7 +218,7 @@ pub fn qsa_attention(
         }
         let sum = warp_sum(e);
         if lane_id() == 0 {
-            let slot = (kvh * group + h) * splits + split;
+            let slot = (head0 + h) * splits + split;
             partial_ml[2 * slot] = m;
             partial_ml[2 * slot + 1] = sum;
         }
@@ -233,7 +248,7 @@ pub fn qsa_attention(
     #[unroll]
     for h in 0..16 {
         if h < group {
-            let at = ((kvh * group + h) * splits + split) * head_dim + d;
+            let at = ((head0 + h) * splits + split) * head_dim + d;
             partial_acc[at] = acc0[h];
             partial_acc[at + 1] = acc1[h];
         }
