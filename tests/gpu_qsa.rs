@@ -392,7 +392,7 @@ fn block_scores_match_the_reference() {
     let mut cases: Vec<(ScoresCase, bool)> =
         [2, 41, 2_047, 2_054, 4 * CAPACITY - 1].into_iter().map(|p| (published(p), false)).collect();
     // The tiny shape runs every tile candidate, at a position past its capacity too, and so does
-    // the published one at 1k (1 to 8 pieces of a key a lane: one round or two of BATCH 4).
+    // the published one at 1k (1 to 8 pieces of a key a lane, as LANES goes from 32 to 4).
     cases.extend([2, 13, 159, 1_000].into_iter().map(|p| (tiny(p), true)));
     cases.push((published(1_023), true));
     for (c, every_tile) in &cases {

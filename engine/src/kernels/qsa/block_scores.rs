@@ -14,13 +14,6 @@ use kernel_macros::kernel;
 /// key, each lane 16-byte loads of every (4·LANES)-th group of 4 dimensions, with a partial dot
 /// product per head in registers (heads ≤ 8, the loop over them unrolled). The partials are
 /// summed over the LANES lanes with xor shuffles in a fixed order: deterministic.
-///
-/// BATCH = 1 loads a lane's pieces in a loop whose load sits behind the heads' branches, so on
-/// sm_90 each piece is a round trip of its own (`kernel-inspect qsa_block_scores --sass`: four
-/// `G` apart at the published index_dim 128 and LANES 8); at 1k only 16 blocks have keys, and
-/// the step waits on the slowest (BENCHMARKS.md, QSA section). BATCH = 4 loads a round of 4
-/// pieces into registers before the products (the four loads together in the SASS): built in
-/// session 39 and not yet run on a device, so 1 stays the default.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(capacity, WARPS * 32 / LANES),
@@ -36,7 +29,6 @@ use kernel_macros::kernel;
 pub fn qsa_block_scores(
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
     #[tile(default = 8, candidates = [4, 8, 16, 32])] LANES: u32,
-    #[tile(default = 1, candidates = [1, 4])] BATCH: u32,
     index_q: &[f32],
     block_keys: &[f32],
     position: &[u32],
@@ -72,40 +64,13 @@ pub fn qsa_block_scores(
     // first) and their result is dropped.
     let row = if key < n { key } else { 0 };
     let mut acc = [0.0; 8];
-    if BATCH == 1 {
-        for c in (sub * 4..dim).step_by(4 * LANES) {
-            let k = load_vec::<f32x4>(block_keys, row * dim + c);
-            #[unroll]
-            for j in 0..8 {
-                if j < heads {
-                    let qv = load_vec::<f32x4>(q, j * dim + c);
-                    acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
-                }
-            }
-        }
-    }
-    // BATCH > 1: the lane's pieces of its key (4 dimensions each, every (4·LANES)-th) in rounds
-    // of BATCH whose loads are all issued before the first product. A piece past the key's end
-    // reloads the lane's first and weighs nothing.
-    let pieces = if BATCH > 1 { dim / (4 * LANES) } else { 0 };
-    for round in (0..pieces).step_by(BATCH) {
-        let mut k = [f32x4(0.0, 0.0, 0.0, 0.0); BATCH];
+    for c in (sub * 4..dim).step_by(4 * LANES) {
+        let k = load_vec::<f32x4>(block_keys, row * dim + c);
         #[unroll]
-        for p in 0..BATCH {
-            let c = if round + p < pieces { (sub + (round + p) * LANES) * 4 } else { sub * 4 };
-            k[p] = load_vec::<f32x4>(block_keys, row * dim + c);
-        }
-        #[unroll]
-        for p in 0..BATCH {
-            if round + p < pieces {
-                let c = (sub + (round + p) * LANES) * 4;
-                #[unroll]
-                for j in 0..8 {
-                    if j < heads {
-                        let qv = load_vec::<f32x4>(q, j * dim + c);
-                        acc[j] += k[p].x * qv.x + k[p].y * qv.y + k[p].z * qv.z + k[p].w * qv.w;
-                    }
-                }
+        for j in 0..8 {
+            if j < heads {
+                let qv = load_vec::<f32x4>(q, j * dim + c);
+                acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
             }
         }
     }
