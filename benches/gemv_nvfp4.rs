@@ -181,15 +181,6 @@ fn cases() -> Vec<Case> {
             }
         }
     }
-    // The row path on the tensor cores: 16 rows a block, 128-value segments split over the warps
-    // (STEPS a warp at most: 2,560 columns take 4 warps × 5 or 8 × 3, 6,144 take 8 × 6).
-    for (warps, steps) in [(4, 5), (8, 3), (8, 6)] {
-        for early in [0, 8] {
-            let label = format!("mma rows16 w{warps} steps{steps}{}", if early > 0 { " early" } else { "" });
-            let tiles = gemv_nvfp4::Tiles { rows: 16, mma: 1, warps, steps, early, ..n };
-            nvfp4_variants.push((String::leak(label), Tiles::Nvfp4(tiles)));
-        }
-    }
     let with = |bf16: Vec<(&'static str, Tiles)>| bf16.into_iter().chain(nvfp4_variants.clone()).collect();
     vec![
         Case {

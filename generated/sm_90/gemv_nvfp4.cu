@@ -36,20 +36,11 @@
 // and the counter); this one has one. H200, 2026-12-01: 5.5 to 5.7 µs a launch against 6.7 for
 // the split path (BENCHMARKS.md), bound by instruction issue now (about seven a weight).
 //
-// ROWS = 16 with MMA = 1 is the row path on the tensor cores: a block's WARPS warps share its 16
-// rows (one `mma.m16n8k16` tile) and split their columns by 128-value segments, warp w taking
-// segments w, w + WARPS, ... (STEPS of them at most, `cols ≤ 128·WARPS·STEPS`); lane l holds 16
-// bytes (32 values, two block scales) of rows l/4 and l/4 + 8 of each, all loaded at once
-// (before the wait with EARLY > 0), the block scales waiting as their bits, a segment's four in
-// one word. x is staged in shared memory as the split path's tensor-core form stages it (f16
-// pairs with a power-of-two scale per segment, exact for bf16 x), the codes stay in ModelOpt's
-// layout (`nvfp4_mma_segment`, so the matrices upload as they are), and the warps' sums meet in
-// shared memory in warp order. Why: the f32 row path issues about six sm_90 instructions a
-// weight after its wait (590 for a thread's 96 at ROW_PATH), this one about three (1,175 for 384
-// at 8 warps of six segments, the 2560 × 6144 shape; 888 if its codes were in the paired
-// layout, which the layers do not upload for this kernel); GDN's input projection, rebuilt the
-// same way, was faster alone and in the step (session 38, BENCHMARKS.md). Not yet run on a
-// device: no layer takes it by default.
+// The row path once had a tensor-core form (ROWS = 16, MMA = 1: one `mma.m16n8k16` tile of 16
+// rows a block, about three sm_90 instructions a weight after the wait against six), built like
+// `gdn_in_proj_nvfp4`'s. It was correct and slower at every shape the step runs (one H100,
+// 2026-12-06: 8.68 to 8.78 µs against 5.63 for 2560 × 6144, 11.54 to 11.90 against 10.32 for
+// QSA's input projection; BENCHMARKS.md, gemv_nvfp4 section), so it was removed.
 //
 // EARLY = 8 (the f32-sum path) issues a lane's first eight steps of codes and block scales
 // before the grid dependency wait: the weights do not depend on the predecessor, so while it
@@ -203,14 +194,6 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
     #pragma unroll
     for (int __i = 0; __i < 1; ++__i) row_codes[__i] = __fill_row_codes;
     unsigned row_scales[1] = {};
-    const unsigned g = (threadIdx.x & 31u) / 4u;
-    const unsigned q = (threadIdx.x & 31u) % 4u;
-    const unsigned segments = cols / 128u;
-    const uint4 __fill_mma_codes = make_uint4(0u, 0u, 0u, 0u);
-    uint4 mma_codes[1];
-    #pragma unroll
-    for (int __i = 0; __i < 1; ++__i) mma_codes[__i] = __fill_mma_codes;
-    unsigned mma_scales[1] = {};
     grid_dependency_wait();
     __shared__ __align__(16) unsigned xs[4096];
     __shared__ __align__(16) float xsc[512];
@@ -224,14 +207,14 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
         const float2 c_3 = bf16x2_to_float2(lo.z);
         const float2 d = bf16x2_to_float2(lo.w);
         const float2 f = bf16x2_to_float2(hi.x);
-        const float2 g_1 = bf16x2_to_float2(hi.y);
+        const float2 g = bf16x2_to_float2(hi.y);
         const float2 h = bf16x2_to_float2(hi.z);
         const float2 i_1 = bf16x2_to_float2(hi.w);
         const float m0 = fmaxf(
             fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(b.x), fabsf(b.y))),
             fmaxf(fmaxf(fabsf(c_3.x), fabsf(c_3.y)), fmaxf(fabsf(d.x), fabsf(d.y))));
         const float m1 = fmaxf(
-            fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(g_1.x), fabsf(g_1.y))),
+            fmaxf(fmaxf(fabsf(f.x), fabsf(f.y)), fmaxf(fabsf(g.x), fabsf(g.y))),
             fmaxf(fmaxf(fabsf(h.x), fabsf(h.y)), fmaxf(fabsf(i_1.x), fabsf(i_1.y))));
         const float m = fmaxf(m0, m1);
         const float inv = m > 0.0f ? 1.0f / m : 0.0f;
@@ -239,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
             make_float4(a.x * inv, a.y * inv, b.x * inv, b.y * inv),
             make_float4(c_3.x * inv, c_3.y * inv, d.x * inv, d.y * inv));
         const uint4 s1 = stage_e2m1_x8(
-            make_float4(f.x * inv, f.y * inv, g_1.x * inv, g_1.y * inv),
+            make_float4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
             make_float4(h.x * inv, h.y * inv, i_1.x * inv, i_1.y * inv));
         xs[chunk * 8u] = s0.x;
         xs[chunk * 8u + 1u] = s0.y;
@@ -261,9 +244,9 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
             const unsigned at_4 = c / 2u;
             const uint4 xa_1 = make_uint4(xs[at_4], xs[at_4 + 1u], xs[at_4 + 2u], xs[at_4 + 3u]);
             const uint4 xb_1 = make_uint4(xs[at_4 + 4u], xs[at_4 + 5u], xs[at_4 + 6u], xs[at_4 + 7u]);
-            const unsigned col_3 = k_begin + c;
-            const uint2 wv = ld_stream_u32x2(packed + (row * (cols / 2u) + col_3 / 2u));
-            const float ws_1 = e4m3x4_to_float4((unsigned)scales[row * (cols / 16u) + col_3 / 16u]).x;
+            const unsigned col_1 = k_begin + c;
+            const uint2 wv = ld_stream_u32x2(packed + (row * (cols / 2u) + col_1 / 2u));
+            const float ws_1 = e4m3x4_to_float4((unsigned)scales[row * (cols / 16u) + col_1 / 16u]).x;
             acc_1 += dot_e2m1x16(wv, xa_1, xb_1) * (ws_1 * xsc[c / 16u]);
         }
     }

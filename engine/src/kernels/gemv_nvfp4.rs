@@ -81,20 +81,11 @@ pub fn fitting(
 /// and the counter); this one has one. H200, 2026-12-01: 5.5 to 5.7 µs a launch against 6.7 for
 /// the split path (BENCHMARKS.md), bound by instruction issue now (about seven a weight).
 ///
-/// ROWS = 16 with MMA = 1 is the row path on the tensor cores: a block's WARPS warps share its 16
-/// rows (one `mma.m16n8k16` tile) and split their columns by 128-value segments, warp w taking
-/// segments w, w + WARPS, ... (STEPS of them at most, `cols ≤ 128·WARPS·STEPS`); lane l holds 16
-/// bytes (32 values, two block scales) of rows l/4 and l/4 + 8 of each, all loaded at once
-/// (before the wait with EARLY > 0), the block scales waiting as their bits, a segment's four in
-/// one word. x is staged in shared memory as the split path's tensor-core form stages it (f16
-/// pairs with a power-of-two scale per segment, exact for bf16 x), the codes stay in ModelOpt's
-/// layout (`nvfp4_mma_segment`, so the matrices upload as they are), and the warps' sums meet in
-/// shared memory in warp order. Why: the f32 row path issues about six sm_90 instructions a
-/// weight after its wait (590 for a thread's 96 at ROW_PATH), this one about three (1,175 for 384
-/// at 8 warps of six segments, the 2560 × 6144 shape; 888 if its codes were in the paired
-/// layout, which the layers do not upload for this kernel); GDN's input projection, rebuilt the
-/// same way, was faster alone and in the step (session 38, BENCHMARKS.md). Not yet run on a
-/// device: no layer takes it by default.
+/// The row path once had a tensor-core form (ROWS = 16, MMA = 1: one `mma.m16n8k16` tile of 16
+/// rows a block, about three sm_90 instructions a weight after the wait against six), built like
+/// `gdn_in_proj_nvfp4`'s. It was correct and slower at every shape the step runs (one H100,
+/// 2026-12-06: 8.68 to 8.78 µs against 5.63 for 2560 × 6144, 11.54 to 11.90 against 10.32 for
+/// QSA's input projection; BENCHMARKS.md, gemv_nvfp4 section), so it was removed.
 ///
 /// EARLY = 8 (the f32-sum path) issues a lane's first eight steps of codes and block scales
 /// before the grid dependency wait: the weights do not depend on the predecessor, so while it
@@ -114,26 +105,20 @@ pub fn fitting(
         seg2 <= seg3,
         seg3 <= rows,
         // The split path's tensor-core form: a warp's 16 rows are two lanes each.
-        MMA == 0 || ROWS > 0 || LANES == 2,
+        MMA == 0 || LANES == 2,
         MMA == 1 || LANES >= 8,
-        MMA == 0 || ROWS > 0 || cols % (K_SPLIT * 128 * UNROLL) == 0,
+        MMA == 0 || cols % (K_SPLIT * 128 * UNROLL) == 0,
         // The split path's early steps are its f32-sum form's; its tensor-core form has none.
-        MMA == 0 || ROWS > 0 || EARLY == 0,
-        // The row path takes only ROWS, WARPS, STEPS, EARLY and MMA; the others keep their
-        // defaults (one tile set each), and STEPS is only its. On the tensor cores its 16 rows
-        // are the product's; the f32 products take 2 or 4.
-        ROWS == 0 || (K_SPLIT == 1 && LANES == 16 && UNROLL == 4),
-        (ROWS == 16) == (MMA == 1 && ROWS > 0),
+        MMA == 0 || EARLY == 0,
+        // The row path takes only ROWS, WARPS, STEPS and EARLY; the others keep their defaults
+        // (one tile set each), and STEPS is only its.
+        ROWS == 0 || (K_SPLIT == 1 && LANES == 16 && UNROLL == 4 && MMA == 0),
         ROWS > 0 || STEPS == 3,
-        // A block's lanes cover the columns in STEPS steps of 512 a warp (of 128 a warp on the
-        // tensor cores), none wholly past the end.
-        ROWS == 0 || MMA == 1 || cols <= 512 * WARPS * STEPS,
-        ROWS == 0 || MMA == 1 || cols > 512 * WARPS * (STEPS - 1),
-        // (the f32 row path's block scales wait in one word a row, a byte a step)
-        ROWS == 0 || MMA == 1 || STEPS <= 3,
-        ROWS == 0 || MMA == 0 || cols % 128 == 0,
-        ROWS == 0 || MMA == 0 || cols <= 128 * WARPS * STEPS,
-        ROWS == 0 || MMA == 0 || cols > 128 * WARPS * (STEPS - 1),
+        // A block's lanes cover the columns in STEPS steps of 512 a warp, none wholly past the end.
+        ROWS == 0 || cols <= 512 * WARPS * STEPS,
+        ROWS == 0 || cols > 512 * WARPS * (STEPS - 1),
+        // (the row path's block scales wait in one word a row, a byte a step)
+        ROWS == 0 || STEPS <= 3,
     ),
 )]
 pub fn gemv_nvfp4(
@@ -143,8 +128,8 @@ pub fn gemv_nvfp4(
     #[tile(default = 4, candidates = [1, 2, 4])] UNROLL: u32,
     #[tile(default = 0, candidates = [0, 1])] MMA: u32,
     #[tile(default = 0, candidates = [0, 8])] EARLY: u32,
-    #[tile(default = 0, candidates = [0, 2, 4, 16])] ROWS: u32,
-    #[tile(default = 3, candidates = [1, 2, 3, 5, 6])] STEPS: u32,
+    #[tile(default = 0, candidates = [0, 2, 4])] ROWS: u32,
+    #[tile(default = 3, candidates = [1, 2, 3])] STEPS: u32,
     packed: &[e2m1x2],
     // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
     scales: &[u8],
@@ -191,36 +176,12 @@ pub fn gemv_nvfp4(
     // wait with EARLY > 0, after it otherwise. The block scales wait as their bits, a row's STEPS
     // in one word (step j in byte j).
     let row_base = block_idx() * ROWS;
-    let mut row_codes = [u32x2(0, 0); ROWS * STEPS * (1 - MMA) + 1];
-    let mut row_scales = [0u32; ROWS * (1 - MMA) + 1];
-    // The tensor-core row path's: rows g and g + 8 of the block's 16, 16 bytes of each of the
-    // warp's segments (past the last segment, the last again, weighing zero below).
-    let (g, q) = (lane_id() / 4, lane_id() % 4);
-    let segments = cols / 128;
-    let mut mma_codes = [u32x4(0, 0, 0, 0); 2 * STEPS * (ROWS / 16) + 1];
-    let mut mma_scales = [0u32; STEPS * (ROWS / 16) + 1];
+    let mut row_codes = [u32x2(0, 0); ROWS * STEPS + 1];
+    let mut row_scales = [0u32; ROWS + 1];
     if ROWS > 0 && EARLY == 0 {
         grid_dependency_wait();
     }
-    if ROWS == 16 {
-        let (l0, l1) = (min(row_base + g, rows - 1), min(row_base + g + 8, rows - 1));
-        #[unroll]
-        for j in 0..STEPS {
-            let col = min(warp_id() + WARPS * j, segments - 1) * 128 + 32 * q;
-            mma_codes[2 * j] = load_early::<u32x4>(packed, l0 * (cols / 2) + col / 2);
-            mma_codes[2 * j + 1] = load_early::<u32x4>(packed, l1 * (cols / 2) + col / 2);
-        }
-        #[unroll]
-        for j in 0..STEPS {
-            let col = min(warp_id() + WARPS * j, segments - 1) * 128 + 32 * q;
-            let (b0, b1) = (l0 * (cols / 16) + col / 16, l1 * (cols / 16) + col / 16);
-            mma_scales[j] = (scales[b0] as u32)
-                | ((scales[b0 + 1] as u32) << 8)
-                | ((scales[b1] as u32) << 16)
-                | ((scales[b1 + 1] as u32) << 24);
-        }
-    }
-    if ROWS > 0 && MMA == 0 {
+    if ROWS > 0 {
         // Two passes over the same steps: every code load issues before the first OR below
         // waits on its scale byte.
         #[unroll]
@@ -250,9 +211,9 @@ pub fn gemv_nvfp4(
     // chunk's largest magnitude so that the f16 products cannot overflow, and that magnitude.
     // MMA: [segment][word j][lane q] four words each (the f16 pairs of lane q's word j in the
     // decode's order), and each segment's scale back.
-    // The f32 row path stages none (one element each, so that it keeps its occupancy).
-    let xs = shared::<u32, { if ROWS == 0 || MMA == 1 { 4096 } else { 1 } }>();
-    let xsc = shared::<f32, { if ROWS == 0 || MMA == 1 { 512 } else { 1 } }>();
+    // The row path stages none (one element each, so that it keeps its occupancy).
+    let xs = shared::<u32, { if ROWS == 0 { 4096 } else { 1 } }>();
+    let xsc = shared::<f32, { if ROWS == 0 { 512 } else { 1 } }>();
     // The row path's per-warp sums of its rows, [warp][row].
     let red = shared::<f32, { ROWS * WARPS + 1 }>();
     if MMA == 1 {
@@ -302,39 +263,11 @@ pub fn gemv_nvfp4(
             xsc[chunk] = m;
         }
     }
-    if ROWS == 0 || MMA == 1 {
+    if ROWS == 0 {
         sync_threads();
     }
 
-    if ROWS == 16 {
-        // Lane (q, g) holds B's column g: x of lane q's values when g = 2q, zeros otherwise.
-        let own = g == 2 * q;
-        let mut acc0 = 0.0;
-        let mut acc1 = 0.0;
-        #[unroll]
-        for j in 0..STEPS {
-            let seg = min(warp_id() + WARPS * j, segments - 1);
-            // x of lane q's word j: words ((seg·4 + j)·4 + q)·4 .. + 3.
-            let sums = nvfp4_mma_segment(mma_codes[2 * j], mma_codes[2 * j + 1], xs, (seg * 16 + q) * 4, own);
-            let sc = e4m3x4_to_f32x4(mma_scales[j]);
-            // The segment's scale undoes x's; a step past the warp's segments weighs zero.
-            let down = if warp_id() + WARPS * j < segments { xsc[seg] } else { 0.0 };
-            acc0 += (sums.x * sc.x + sums.y * sc.y) * down;
-            acc1 += (sums.z * sc.z + sums.w * sc.w) * down;
-        }
-        // Each row's sum over its four lanes, then over the block's warps in warp order.
-        acc0 += shfl_xor(acc0, 1);
-        acc0 += shfl_xor(acc0, 2);
-        acc1 += shfl_xor(acc1, 1);
-        acc1 += shfl_xor(acc1, 2);
-        if q == 0 {
-            red[warp_id() * ROWS + g] = acc0;
-            red[warp_id() * ROWS + g + 8] = acc1;
-        }
-        sync_threads();
-    }
-
-    if ROWS > 0 && MMA == 0 {
+    if ROWS > 0 {
         // f32 products of the raw decode (no multiply a value to put it at scale) with x lifted,
         // so that they stay normal f32; each block scale carries the rest of the gap. All powers
         // of two: the sums round as the exact decode's would. x comes straight from global
@@ -380,7 +313,7 @@ pub fn gemv_nvfp4(
         }
         sync_threads();
     }
-    // Either row path: a row's sum over the block's warps, in warp order.
+    // The row path: a row's sum over the block's warps, in warp order.
     if ROWS > 0 {
         let mine = row_base + thread_idx();
         if thread_idx() < ROWS && mine < rows {
