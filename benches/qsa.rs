@@ -245,6 +245,7 @@ fn bench_qsa(c: &mut Criterion) {
                 dim: DIM as u32,
                 block_tokens: BLOCK_TOKENS as u32,
                 capacity: n as u32,
+                top: TOP as u32,
             })
             .collect();
         let top_args: Vec<qsa_top_blocks::Args> = (0..layers)

@@ -335,13 +335,15 @@ fn grid_top_k_survives_back_to_back_launches_and_graph_replays() {
     }
 }
 
-/// One block-scores problem: the index queries, the pooled keys, the position.
+/// One block-scores problem: the index queries, the pooled keys, the position, and the budget
+/// below which no score is needed (0: every complete block's score).
 struct ScoresCase {
     heads: usize,
     dim: usize,
     block_tokens: usize,
     capacity: usize,
     position: usize,
+    top: usize,
 }
 
 /// Runs the block scores twice (scores and the count poisoned first): scores, n_blocks, per run.
@@ -367,6 +369,7 @@ fn block_scores_on_gpu(
         dim: c.dim as u32,
         block_tokens: c.block_tokens as u32,
         capacity: c.capacity as u32,
+        top: c.top as u32,
     };
     qsa_block_scores::Kernel::launch_dims(&tiles, &args).ok()?;
     let k = gpu.kernel::<qsa_block_scores::Kernel>(tiles).expect("compile");
@@ -386,8 +389,8 @@ fn block_scores_match_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("qsa block scores");
     let poison = f32::from_bits(u32::from_ne_bytes([POISON; 4]));
-    let published = |position| ScoresCase { heads: 4, dim: 128, block_tokens: 4, capacity: CAPACITY, position };
-    let tiny = |position| ScoresCase { heads: 2, dim: 16, block_tokens: 4, capacity: 40, position };
+    let published = |position| ScoresCase { heads: 4, dim: 128, block_tokens: 4, capacity: CAPACITY, position, top: 0 };
+    let tiny = |position| ScoresCase { heads: 2, dim: 16, block_tokens: 4, capacity: 40, position, top: 0 };
     // No complete block, 10, 512, 513 (one in the making), and the whole capacity.
     let mut cases: Vec<(ScoresCase, bool)> =
         [2, 41, 2_047, 2_054, 4 * CAPACITY - 1].into_iter().map(|p| (published(p), false)).collect();
@@ -395,6 +398,10 @@ fn block_scores_match_the_reference() {
     // the published one at 1k (1 to 8 pieces of a key a lane, as LANES goes from 32 to 4).
     cases.extend([2, 13, 159, 1_000].into_iter().map(|p| (tiny(p), true)));
     cases.push((published(1_023), true));
+    // With the budget: 255 and 512 complete blocks of a budget of 512 need no score (every block
+    // is selected), 513 need them all; the tiny shape's 10 of a budget of 8 too.
+    cases.extend([1_023, 2_051, 2_052].map(|p| (ScoresCase { top: TOP, ..published(p) }, false)));
+    cases.extend([31, 35, 159].map(|p| (ScoresCase { top: 8, ..tiny(p) }, true)));
     for (c, every_tile) in &cases {
         let q: Vec<f32> = (0..c.heads * c.dim).map(|_| rng.normal()).collect();
         let keys: Vec<f32> = (0..c.capacity * c.dim).map(|_| rng.normal() + 0.3).collect();
@@ -414,11 +421,13 @@ fn block_scores_match_the_reference() {
             if *every_tile { qsa_block_scores::Tiles::candidates() } else { vec![TileSet::DEFAULT] };
         let mut ran = 0;
         for tiles in tile_sets {
-            let label = format!("{tiles:?} heads {} dim {} position {}", c.heads, c.dim, c.position);
+            let label = format!("{tiles:?} heads {} dim {} position {} top {}", c.heads, c.dim, c.position, c.top);
             let Some([(got, got_n), second]) = block_scores_on_gpu(&gpu, tiles, c, &q, &keys) else { continue };
             ran += 1;
             assert_eq!(got_n as usize, n, "{label}: n_blocks");
-            for b in 0..n {
+            // Scores are written for the complete blocks only, and only past the budget.
+            let scored = if n > c.top { n } else { 0 };
+            for b in 0..scored {
                 let tol = 1e-5 * magnitude[b] + 1e-6;
                 assert!(
                     (f64::from(got[b]) - f64::from(want[b])).abs() <= tol,
@@ -427,8 +436,8 @@ fn block_scores_match_the_reference() {
                     want[b]
                 );
             }
-            if let Some(b) = (n..c.capacity).find(|&b| got[b].to_bits() != poison.to_bits()) {
-                panic!("{label}: block {b} past the {n} complete ones was written ({})", got[b]);
+            if let Some(b) = (scored..c.capacity).find(|&b| got[b].to_bits() != poison.to_bits()) {
+                panic!("{label}: block {b} was written ({}), with {n} complete of a budget of {}", got[b], c.top);
             }
             assert!(
                 second.1 == got_n && second.0.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -440,7 +449,8 @@ fn block_scores_match_the_reference() {
 }
 
 /// The two kernels chained on the device, the count passed from one to the other in device
-/// memory: the selection is the reference's top-k of the scores the GPU computed.
+/// memory: the selection is the reference's top-k of the scores the GPU computed (at and below
+/// the budget, where none is computed, every complete block).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn scores_then_top_k_on_the_device() {
@@ -468,6 +478,7 @@ fn scores_then_top_k_on_the_device() {
         dim: dim as u32,
         block_tokens: block_tokens as u32,
         capacity: CAPACITY as u32,
+        top: TOP as u32,
     };
     let top_args = qsa_top_blocks::Args {
         scores: scores.ptr(),

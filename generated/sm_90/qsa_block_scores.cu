@@ -10,6 +10,13 @@
 // [capacity, dim] the pooled keys, both f32 (the scores decide the selection: keeping them in
 // f32 keeps the selection the reference's). Scores past n are not written.
 //
+// Nor are any while n ≤ `top`: the selection is then every complete block whatever its score
+// (`qsa_top_blocks`' dense path reads none), so the launch only writes `n_blocks` and ends. At
+// the published budget (512 blocks of 4 tokens) that is every position below 2,048, where the
+// step used to wait on the few blocks that had keys (at 1k the last of them ended 3.95 µs after
+// its wait against 0.43 for the median block, H200): one H100, 2026-12-06, the step 1.3% faster
+// at 1k (BENCHMARKS.md, QSA section). `top` = 0 computes every complete block's score.
+//
 // Each block stages the queries in shared memory; then LANES consecutive lanes take one block
 // key, each lane 16-byte loads of every (4·LANES)-th group of 4 dimensions, with a partial dot
 // product per head in registers (heads ≤ 8, the loop over them unrolled). The partials are
@@ -31,7 +38,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
     const unsigned heads,
     const unsigned dim,
     const unsigned block_tokens,
-    const unsigned capacity)
+    const unsigned capacity,
+    const unsigned top)
 {
     grid_dependency_wait();
     launch_dependents();
@@ -41,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
         n_blocks[0u] = n;
     }
     const unsigned keys_per_block = 16u;
-    if (blockIdx.x * keys_per_block >= n) {
+    if (n <= top || blockIdx.x * keys_per_block >= n) {
         return;
     }
     for (unsigned __i_i = 0u, __i_n = heads * dim > threadIdx.x ? (heads * dim - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {

@@ -7,7 +7,8 @@
 //!    in bf16 (what [`qsa_prepare`] reads);
 //! 2. [`qsa_prepare`]: the zero-centred norms and partial RoPE of q, k and the index queries, the
 //!    cache appends, and the pooled key of a block that completes;
-//! 3. [`qsa_block_scores`]: every complete block's score against the index queries;
+//! 3. [`qsa_block_scores`]: every complete block's score against the index queries (none while
+//!    the complete blocks fit the budget, when all of them are selected);
 //! 4. the top `top` blocks by score, on the device: [`qsa_top_blocks`] (one block) or
 //!    [`qsa_top_blocks_grid`] (many blocks and grid barriers), as [`TopK`] chooses;
 //! 5. [`qsa_attention`]: gated GQA through the selection plus the tail, split over tokens;
@@ -826,6 +827,7 @@ impl QsaLaunches {
                 dim: u(sh.index_dim),
                 block_tokens: u(sh.block_tokens),
                 capacity: block_capacity,
+                top: u(sh.top),
             },
             top_blocks: qsa_top_blocks::Args {
                 scores: r(scores),

@@ -10,6 +10,13 @@ use kernel_macros::kernel;
 /// [capacity, dim] the pooled keys, both f32 (the scores decide the selection: keeping them in
 /// f32 keeps the selection the reference's). Scores past n are not written.
 ///
+/// Nor are any while n ≤ `top`: the selection is then every complete block whatever its score
+/// (`qsa_top_blocks`' dense path reads none), so the launch only writes `n_blocks` and ends. At
+/// the published budget (512 blocks of 4 tokens) that is every position below 2,048, where the
+/// step used to wait on the few blocks that had keys (at 1k the last of them ended 3.95 µs after
+/// its wait against 0.43 for the median block, H200): one H100, 2026-12-06, the step 1.3% faster
+/// at 1k (BENCHMARKS.md, QSA section). `top` = 0 computes every complete block's score.
+///
 /// Each block stages the queries in shared memory; then LANES consecutive lanes take one block
 /// key, each lane 16-byte loads of every (4·LANES)-th group of 4 dimensions, with a partial dot
 /// product per head in registers (heads ≤ 8, the loop over them unrolled). The partials are
@@ -38,6 +45,7 @@ pub fn qsa_block_scores(
     dim: u32,
     block_tokens: u32,
     capacity: u32,
+    top: u32,
 ) {
     // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
     // wait, so only the launch and the block scheduling overlap the predecessor's tail.
@@ -49,8 +57,9 @@ pub fn qsa_block_scores(
         n_blocks[0] = n;
     }
     let keys_per_block = WARPS * 32 / LANES;
-    // Whole blocks past the last complete block have nothing to do (no barrier follows).
-    if block_idx() * keys_per_block >= n {
+    // No score is read while every block is selected; whole blocks past the last complete block
+    // have nothing to do (no barrier follows).
+    if n <= top || block_idx() * keys_per_block >= n {
         return;
     }
     for i in (thread_idx()..heads * dim).step_by(32 * WARPS) {
