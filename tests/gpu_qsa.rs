@@ -398,8 +398,9 @@ fn block_scores_match_the_reference() {
     // the published one at 1k (1 to 8 pieces of a key a lane, as LANES goes from 32 to 4).
     cases.extend([2, 13, 159, 1_000].into_iter().map(|p| (tiny(p), true)));
     cases.push((published(1_023), true));
-    // With the budget: 255 and 512 complete blocks of a budget of 512 need no score (every block
-    // is selected), 513 need them all; the tiny shape's 10 of a budget of 8 too.
+    // With the budget: 256 complete blocks of a budget of 512 need no score (every block is
+    // selected), 513 need them all (the 513th just complete, then one token into the next); the
+    // tiny shape's 8 of a budget of 8 (the budget itself) none, 9 and 40 all, every tile set.
     cases.extend([1_023, 2_051, 2_052].map(|p| (ScoresCase { top: TOP, ..published(p) }, false)));
     cases.extend([31, 35, 159].map(|p| (ScoresCase { top: 8, ..tiny(p) }, true)));
     for (c, every_tile) in &cases {
