@@ -12,7 +12,9 @@
 #   --bin autotune     a binary of the workspace (tools/src/bin/autotune.rs)
 #   --file PATH        any file to unpack beside them (a pinned table, say)
 # then: device call with carry [".gpu-pack"] and the command `bash .gpu-pack/pack.sh && /tmp/flashnext-pack/gpu_gdn
-# --include-ignored --test-threads=1` (each executable under its target's name).
+# --include-ignored --test-threads=1` (each executable under its target's name). A call brings
+# back at most 8 files from $OUT: a traced step (`FLASHNEXT_TRACE=1`, five files of stamps) goes
+# into one tar there, or its files are left behind.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -23,7 +25,7 @@ while [ $# -gt 0 ]; do
     --bench) benches+=("$2"); shift 2;;
     --bin) bins+=("$2"); shift 2;;
     --file) files+=("$2"); shift 2;;
-    -h|--help) sed -n 2,16p "$0"; exit 0;;
+    -h|--help) sed -n 2,17p "$0"; exit 0;;
     *) echo "gpu-pack: unknown argument $1 (--help says what it takes)" >&2; exit 2;;
   esac
 done
