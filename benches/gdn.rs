@@ -44,8 +44,11 @@ use flashnext::bench::{GB10_STREAMING_BYTES_PER_S, H200_REFERENCE_BYTES_PER_S, R
 use flashnext::rng::Rng;
 use half::bf16;
 use kernel_dsl::e2m1_pairs::Layout;
-use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
-use kernel_macros::kernel;
+use kernel_dsl::{E2m1x2, E4m3, TileSet};
+
+#[path = "common/random_bits.rs"]
+mod random_bits;
+use random_bits::{fill, fill_bits};
 
 const SHAPE: GdnShape = GdnShape {
     hidden: 2560,
@@ -58,33 +61,6 @@ const SHAPE: GdnShape = GdnShape {
 };
 const LAYERS: usize = 8;
 const STATE_LAYERS: usize = 36;
-
-/// Fills words with a hash of (seed, index), masked: random bits at device speed.
-#[kernel(block = 256, grid = div_ceil(n, 256))]
-fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
-    let i = block_idx() * 256 + thread_idx();
-    if i < n {
-        let mut z = i * 0x9e3779b9 + seed;
-        z = (z ^ (z >> 16)) * 0x85ebca6b;
-        z = (z ^ (z >> 13)) * 0xc2b2ae35;
-        z = z ^ (z >> 16);
-        out[i] = (z & and_mask) | or_mask;
-    }
-}
-
-fn fill<T: bytemuck::Pod>(
-    gpu: &Gpu,
-    k: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
-    buf: &mut DeviceBuffer<T>,
-    seed: u32,
-    and_mask: u32,
-    or_mask: u32,
-) {
-    let words = (buf.size_bytes() / 4) as u32;
-    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
-    // SAFETY: the buffer holds at least `words` 4-byte words.
-    unsafe { k.launch(gpu, &args) }.expect("fill");
-}
 
 /// Random bf16 pairs with exponents near 2^-6, random signs and mantissas (0x3c80..0x3cff).
 fn fill_bf16(gpu: &Gpu, k: &engine::cuda::LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuffer<bf16>, seed: u32) {

@@ -23,42 +23,17 @@ use engine::layers::mix::{
 use flashnext::bench::{Recorder, Sample, Unit, replay_times};
 use flashnext::rng::Rng;
 use half::bf16;
-use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
-use kernel_macros::kernel;
+use kernel_dsl::{E2m1x2, E4m3, TileSet};
+
+#[path = "common/random_bits.rs"]
+mod random_bits;
+use random_bits::{fill, fill_bits};
 
 const SHAPE: MixShape = MixShape { streams: 4, hidden: 2560, rank: 320, inject: true };
 const SITES: usize = 48;
 const EPS: f32 = 1e-6;
 /// What streaming kernels reach on a GB10 (ARCHITECTURE.md): the projection's bandwidth.
 const GB10_STREAM_BYTES_PER_S: f64 = 230e9;
-
-/// Fills words with a hash of (seed, index), masked: random bits at device speed.
-#[kernel(block = 256, grid = div_ceil(n, 256))]
-fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
-    let i = block_idx() * 256 + thread_idx();
-    if i < n {
-        let mut z = i * 0x9e3779b9 + seed;
-        z = (z ^ (z >> 16)) * 0x85ebca6b;
-        z = (z ^ (z >> 13)) * 0xc2b2ae35;
-        z = z ^ (z >> 16);
-        out[i] = (z & and_mask) | or_mask;
-    }
-}
-
-/// Fills `buf` with masked random words.
-fn fill<T: bytemuck::Pod>(
-    gpu: &Gpu,
-    k: &LoadedKernel<fill_bits::Kernel>,
-    buf: &mut DeviceBuffer<T>,
-    seed: u32,
-    and_mask: u32,
-    or_mask: u32,
-) {
-    let words = (buf.size_bytes() / 4) as u32;
-    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
-    // SAFETY: the buffer holds at least `words` 4-byte words.
-    unsafe { k.launch(gpu, &args) }.expect("fill");
-}
 
 /// One site's weights, random: bf16 values of magnitude 2^-6 to 2^-5 with random signs and
 /// mantissas, or NVFP4 codes of any value with block scales between 2^-2 and 2^2.

@@ -17,41 +17,15 @@ use engine::layers::moe::{
 use flashnext::bench::{Recorder, Sample, Unit, replay_times};
 use flashnext::rng::Rng;
 use half::bf16;
-use kernel_dsl::{DevPtrMut, E2m1x2, E4m3, TileSet};
-use kernel_macros::kernel;
+use kernel_dsl::{E2m1x2, E4m3, TileSet};
+
+#[path = "common/random_bits.rs"]
+mod random_bits;
+use random_bits::{fill, fill_bits};
 
 const SHAPE: MoeShape =
     MoeShape { hidden: 2560, experts: 512, top_k: 10, inter: 640, shared_inter: 640, renormalise: true };
 const LAYERS: usize = 8;
-
-/// Fills words with a hash of (seed, index), masked: random bits at device speed.
-#[kernel(block = 256, grid = div_ceil(n, 256))]
-fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
-    let i = block_idx() * 256 + thread_idx();
-    if i < n {
-        let mut z = i * 0x9e3779b9 + seed;
-        z = (z ^ (z >> 16)) * 0x85ebca6b;
-        z = (z ^ (z >> 13)) * 0xc2b2ae35;
-        z = z ^ (z >> 16);
-        out[i] = (z & and_mask) | or_mask;
-    }
-}
-
-fn fill<T>(
-    gpu: &Gpu,
-    k: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
-    buf: &mut DeviceBuffer<T>,
-    seed: u32,
-    and_mask: u32,
-    or_mask: u32,
-) where
-    T: bytemuck::Pod,
-{
-    let words = (buf.size_bytes() / 4) as u32;
-    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
-    // SAFETY: the buffer holds at least `words` 4-byte words.
-    unsafe { k.launch(gpu, &args) }.expect("fill");
-}
 
 /// One layer's weights, random, NVFP4: codes anything, block scales between 2^-2 and 2^2.
 fn nvfp4_layer(

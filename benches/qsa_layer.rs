@@ -28,8 +28,11 @@ use engine::layers::qsa::{
 use flashnext::bench::{Recorder, Sample, Unit, replay_times_with};
 use flashnext::rng::Rng;
 use half::bf16;
-use kernel_dsl::{DevPtrMut, TileSet};
-use kernel_macros::kernel;
+use kernel_dsl::TileSet;
+
+#[path = "common/random_bits.rs"]
+mod random_bits;
+use random_bits::{fill, fill_bits};
 
 const SHAPE: QsaShape = QsaShape {
     hidden: 2560,
@@ -46,33 +49,6 @@ const SHAPE: QsaShape = QsaShape {
 };
 const LAYERS: usize = 12;
 const CONTEXTS: [usize; 2] = [32_768, 131_072];
-
-/// Fills words with a hash of (seed, index), masked: random bits at device speed.
-#[kernel(block = 256, grid = div_ceil(n, 256))]
-fn fill_bits(out: &mut [u32], n: u32, seed: u32, and_mask: u32, or_mask: u32) {
-    let i = block_idx() * 256 + thread_idx();
-    if i < n {
-        let mut z = i * 0x9e3779b9 + seed;
-        z = (z ^ (z >> 16)) * 0x85ebca6b;
-        z = (z ^ (z >> 13)) * 0xc2b2ae35;
-        z = z ^ (z >> 16);
-        out[i] = (z & and_mask) | or_mask;
-    }
-}
-
-fn fill<T: bytemuck::Pod>(
-    gpu: &Gpu,
-    k: &LoadedKernel<fill_bits::Kernel>,
-    buf: &mut DeviceBuffer<T>,
-    seed: u32,
-    and_mask: u32,
-    or_mask: u32,
-) {
-    let words = (buf.size_bytes() / 4) as u32;
-    let args = fill_bits::Args { out: DevPtrMut::from_addr(buf.ptr_mut().addr()), n: words, seed, and_mask, or_mask };
-    // SAFETY: the buffer holds at least `words` 4-byte words.
-    unsafe { k.launch(gpu, &args) }.expect("fill");
-}
 
 /// Random bf16 pairs with exponents near 2^-6, random signs and mantissas.
 fn fill_bf16(gpu: &Gpu, k: &LoadedKernel<fill_bits::Kernel>, buf: &mut DeviceBuffer<bf16>, seed: u32) {
