@@ -34,19 +34,7 @@ use kernel_dsl::TileSet;
 mod random_bits;
 use random_bits::{fill, fill_bits};
 
-const SHAPE: QsaShape = QsaShape {
-    hidden: 2560,
-    q_heads: 24,
-    kv_heads: 2,
-    head_dim: 256,
-    index_heads: 4,
-    index_dim: 128,
-    rotary: 64,
-    block_tokens: 4,
-    top: 512,
-    eps: 1e-6,
-    rope_theta: 1e7,
-};
+const SHAPE: QsaShape = QsaShape::PUBLISHED;
 const LAYERS: usize = 12;
 const CONTEXTS: [usize; 2] = [32_768, 131_072];
 

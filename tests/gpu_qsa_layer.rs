@@ -36,19 +36,7 @@ use kernel_dsl::TileSet;
 /// 0xff bytes: NaN in bf16 and f32, u32::MAX.
 const POISON: u8 = 0xff;
 
-const PUBLISHED: QsaShape = QsaShape {
-    hidden: 2560,
-    q_heads: 24,
-    kv_heads: 2,
-    head_dim: 256,
-    index_heads: 4,
-    index_dim: 128,
-    rotary: 64,
-    block_tokens: 4,
-    top: 512,
-    eps: 1e-6,
-    rope_theta: 1e7,
-};
+const PUBLISHED: QsaShape = QsaShape::PUBLISHED;
 /// Two query heads a key/value head, a budget of 4 blocks (16 tokens).
 const TINY: QsaShape = QsaShape {
     hidden: 256,

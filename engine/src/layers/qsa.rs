@@ -68,6 +68,22 @@ pub struct QsaShape {
 }
 
 impl QsaShape {
+    /// The published Qwen3.8-Flash-Next's QSA layer (`from_config` of the embedded config gives
+    /// it; a test holds the two together), for the tests and benches that run that shape.
+    pub const PUBLISHED: QsaShape = QsaShape {
+        hidden: 2560,
+        q_heads: 24,
+        kv_heads: 2,
+        head_dim: 256,
+        index_heads: 4,
+        index_dim: 128,
+        rotary: 64,
+        block_tokens: 4,
+        top: 512,
+        eps: 1e-6,
+        rope_theta: 1e7,
+    };
+
     pub fn from_config(cfg: &ModelConfig) -> Result<QsaShape> {
         let sh = QsaShape {
             hidden: cfg.hidden_size,
@@ -953,19 +969,12 @@ mod tests {
         assert_eq!(QsaTiles { top_k: short.top_k, ..long }, short, "only the top-k differs");
     }
 
-    const PUBLISHED: QsaShape = QsaShape {
-        hidden: 2560,
-        q_heads: 24,
-        kv_heads: 2,
-        head_dim: 256,
-        index_heads: 4,
-        index_dim: 128,
-        rotary: 64,
-        block_tokens: 4,
-        top: 512,
-        eps: 1e-6,
-        rope_theta: 1e7,
-    };
+    const PUBLISHED: QsaShape = QsaShape::PUBLISHED;
+
+    #[test]
+    fn published_shape_matches_the_embedded_config() {
+        assert_eq!(QsaShape::from_config(&ModelConfig::published()).expect("shape"), QsaShape::PUBLISHED);
+    }
 
     #[test]
     fn published_shape_sizes() {
