@@ -15,13 +15,14 @@ use engine::kernels::qsa::combine::qsa_attention_combine;
 use engine::kernels::qsa::prepare::qsa_prepare;
 use engine::kernels::qsa::top_blocks::qsa_top_blocks;
 use engine::kernels::qsa::top_blocks_grid::{self, qsa_top_blocks_grid};
+use engine::layers::qsa::QsaShape;
 use engine::reference::qsa::{block_scores, top_blocks};
 use flashnext::rng::Rng;
 use kernel_dsl::{KernelDef, TileSet};
 
 const POISON: u8 = 0xab;
 /// The published budget: 2048 tokens in blocks of 4.
-const TOP: usize = 512;
+const TOP: usize = QsaShape::PUBLISHED.top;
 /// The score buffer's capacity: 65,536 blocks (262,144 tokens).
 const CAPACITY: usize = 65_536;
 
@@ -389,7 +390,15 @@ fn block_scores_match_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("qsa block scores");
     let poison = f32::from_bits(u32::from_ne_bytes([POISON; 4]));
-    let published = |position| ScoresCase { heads: 4, dim: 128, block_tokens: 4, capacity: CAPACITY, position, top: 0 };
+    let p = QsaShape::PUBLISHED;
+    let published = |position| ScoresCase {
+        heads: p.index_heads,
+        dim: p.index_dim,
+        block_tokens: p.block_tokens,
+        capacity: CAPACITY,
+        position,
+        top: 0,
+    };
     let tiny = |position| ScoresCase { heads: 2, dim: 16, block_tokens: 4, capacity: 40, position, top: 0 };
     // No complete block, 10, 512, 513 (one in the making), and the whole capacity.
     let mut cases: Vec<(ScoresCase, bool)> =
@@ -646,8 +655,15 @@ fn attention_through_the_selection_matches_the_reference() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("qsa attention");
     // The published shape: 24 query heads on 2 key/value heads of 256, blocks of 4, 512 kept.
-    let published =
-        |context| AttentionCase { q_heads: 24, kv_heads: 2, head_dim: 256, block_tokens: 4, top: TOP, context };
+    let p = QsaShape::PUBLISHED;
+    let published = |context| AttentionCase {
+        q_heads: p.q_heads,
+        kv_heads: p.kv_heads,
+        head_dim: p.head_dim,
+        block_tokens: p.block_tokens,
+        top: p.top,
+        context,
+    };
     for context in [100, 2_052, 4_096, 100_000] {
         attention_case(&gpu, &mut rng, published(context), &[(TileSet::DEFAULT, TileSet::DEFAULT)]);
     }
@@ -872,14 +888,15 @@ fn prepare_case(gpu: &Gpu, rng: &mut Rng, c: PrepareCase, tile_sets: &[qsa_prepa
 fn prepare_matches_the_reference_norms_and_rope() {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh("qsa prepare");
+    let p = QsaShape::PUBLISHED;
     let published = |position| PrepareCase {
-        q_heads: 24,
-        kv_heads: 2,
-        head_dim: 256,
-        index_heads: 4,
-        index_dim: 128,
-        rotary: 64,
-        block_tokens: 4,
+        q_heads: p.q_heads,
+        kv_heads: p.kv_heads,
+        head_dim: p.head_dim,
+        index_heads: p.index_heads,
+        index_dim: p.index_dim,
+        rotary: p.rotary,
+        block_tokens: p.block_tokens,
         position,
     };
     // A token inside a block, one completing the first block, one completing block 512, the last

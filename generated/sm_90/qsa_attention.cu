@@ -28,9 +28,9 @@
 // chain each walks. One NVIDIA H100, 2026-12-06 (BENCHMARKS.md, QSA section): at the published
 // shape (12 heads a key/value head) 3 blocks of 4 heads took the step 1.2% / 0.6% faster at 1k
 // / 32k in two calls and 1.5% / 1.4% in a third, 2 blocks 0.9% / 0.7%, 4 blocks 0.7% faster at
-// 1k and 1.1% slower at 32k; the attention and its combine alone at 32k 17.23 → 15.24 µs. So 3 is the default, lowered
-// where it does not divide the heads ([`QsaTiles::fitting`](crate::layers::qsa::QsaTiles::fitting)).
-// The split's unnormalised output
+// 1k and 1.1% slower at 32k; the attention and its combine alone at 32k 17.23 → 15.24 µs. So 3
+// is the default, lowered where it does not divide the heads
+// ([`QsaTiles::fitting`](crate::layers::qsa::QsaTiles::fitting)). The split's unnormalised output
 // and (m, Σ) go to `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits,
 // 2]; splits past the selection's end write an empty partial (m = −∞, Σ = 0, zeros) and stop;
 // split 0 always holds the current token.
