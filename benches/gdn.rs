@@ -83,7 +83,7 @@ fn layer_weights(
         fill(gpu, fk, &mut packed, seed + 3, u32::MAX, 0);
         // e4m3 bytes 0b0_0101_xxx to 0b0_1000_xxx: 2^-2 to 2^1.875.
         fill(gpu, fk, &mut scales, seed + 4, 0x1f1f_1f1f, 0x2828_2828);
-        // Random bits are codes in either layout (`sweep` says which its kernel reads).
+        // Random bits are codes in either layout (`reading_as` says which a graph's kernel reads).
         InProjOnDevice::Nvfp4 {
             packed,
             scales,
@@ -138,9 +138,19 @@ fn report(l: &Line<'_>, out: &mut Sink) {
     );
 }
 
+/// The launches with their input projection's codes declared in the layout `k`'s kernel reads.
+/// The benches' codes are random bits, as good in one layout as in the other (the paired one
+/// for the tensor-core path, the default since 2026-12-06, ModelOpt's otherwise), so every graph
+/// takes the layout of the kernels it runs.
+fn reading_as(gpu: &Gpu, launches: &[GdnLaunches], k: &GdnKernels) -> Vec<GdnLaunches> {
+    let layout = k.in_proj_layout(gpu.arch());
+    launches.iter().map(|l| GdnLaunches { in_proj_layout: layout, ..*l }).collect()
+}
+
 fn capture(gpu: &Gpu, launches: &[GdnLaunches], k: &GdnKernels, stages: &[Stage]) -> Graph {
+    let launches = reading_as(gpu, launches, k);
     gpu.capture(|| {
-        for l in launches {
+        for l in &launches {
             for &s in stages {
                 // SAFETY: the launches' buffers live in `bench_gdn` for the whole bench.
                 unsafe { l.enqueue_stage(gpu, k, s) }?;
@@ -305,7 +315,7 @@ fn whole_layer(
     let launches: Vec<GdnLaunches> = (0..LAYERS)
         .map(|l| GdnLaunches::new(&layers[l], &mut lstates[l], &mut lscratch[l], xs[l].ptr(), ys[l].ptr_mut()))
         .collect();
-    for l in &launches {
+    for l in &reading_as(gpu, &launches, kernels) {
         // SAFETY: the buffers behind the launches live to the end of this function.
         unsafe { l.enqueue(gpu, kernels) }.expect("pass");
     }
@@ -489,12 +499,7 @@ fn sweep(
             continue;
         }
         let Ok(k) = GdnKernels::load(gpu, tiles) else { continue };
-        // The input projection's codes are random bits, as good in the layout this kernel reads
-        // (the paired one for the tensor-core path) as in ModelOpt's: its launches say so.
-        let layout = k.in_proj_layout(gpu.arch());
-        let launches: Vec<GdnLaunches> =
-            launches.iter().map(|l| GdnLaunches { in_proj_layout: layout, ..*l }).collect();
-        let g = capture(gpu, &launches, &k, stages);
+        let g = capture(gpu, launches, &k, stages);
         report(
             &Line {
                 bench: "gdn-sweep",
