@@ -10,6 +10,7 @@
 #   --test gpu_gdn     a test target of the root package (tests/gpu_gdn.rs)
 #   --bench step       a bench target of the root package (benches/step.rs)
 #   --bin autotune     a binary of the workspace (tools/src/bin/autotune.rs)
+#   --all-benches      every bench target of the root package (for tools/bench-smoke.sh)
 #   --file PATH        any file to unpack beside them (a pinned table, say)
 # then: device call with carry [".gpu-pack"] and the command `bash .gpu-pack/pack.sh && /tmp/flashnext-pack/gpu_gdn
 # --include-ignored --test-threads=1` (each executable under its target's name). A call brings
@@ -25,7 +26,10 @@ while [ $# -gt 0 ]; do
     --bench) benches+=("$2"); shift 2;;
     --bin) bins+=("$2"); shift 2;;
     --file) files+=("$2"); shift 2;;
-    -h|--help) sed -n 2,17p "$0"; exit 0;;
+    --all-benches)
+      mapfile -t -O "${#benches[@]}" benches < <(awk '/^\[\[bench\]\]/{b=1; next} b && /^name *=/{gsub(/[" ]/, "", $0); sub(/^name=/, "", $0); print; b=0}' Cargo.toml)
+      shift;;
+    -h|--help) sed -n 2,18p "$0"; exit 0;;
     *) echo "gpu-pack: unknown argument $1 (--help says what it takes)" >&2; exit 2;;
   esac
 done

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# bench-smoke: runs benches once on the GPU machine, records only (no tile sweeps, no criterion
+# timing), and says which ended in failure: a bench that stops at its first launch after a change
+# of defaults is otherwise found only when someone next needs its figures (benches/gdn.rs stopped
+# so for three sessions). Run after `tools/gpu-pack.sh --all-benches` (or naming the benches) and
+# `bash .gpu-pack/pack.sh`.
+#
+# usage: tools/bench-smoke.sh [NAME]...   (default: every [[bench]] of Cargo.toml)
+#   OUT=DIR keeps the records (bench-<name>.jsonl) and each bench's output (bench-<name>.log)
+# exit status: 0 when every bench named ran to its end, 1 otherwise.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+pack=${FLASHNEXT_PACK_DIR:-/tmp/flashnext-pack}
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
+names=("$@")
+if [ ${#names[@]} -eq 0 ]; then
+  mapfile -t names < <(awk '/^\[\[bench\]\]/{b=1; next} b && /^name *=/{gsub(/[" ]/, "", $0); sub(/^name=/, "", $0); print; b=0}' "$root/Cargo.toml")
+fi
+failed=0
+for b in "${names[@]}"; do
+  exe="$pack/$b"
+  if [ ! -x "$exe" ]; then
+    echo "bench $b: not in $pack (pack it with tools/gpu-pack.sh --bench $b)"; failed=1; continue
+  fi
+  start=$SECONDS
+  (cd "$root" && OUT="$out" FLASHNEXT_BENCH_NO_SWEEP=1 timeout "${FLASHNEXT_SMOKE_SECS:-180}" "$exe" --bench records-only) \
+    > "$out/bench-$b.log" 2>&1
+  status=$?
+  if [ $status -eq 0 ]; then
+    echo "bench $b: ran ($(( SECONDS - start )) s, $(grep -c . "$out/bench-$b.jsonl" 2>/dev/null || echo 0) records)"
+  else
+    echo "bench $b: FAILED (status $status after $(( SECONDS - start )) s); the end of its output:"
+    tail -5 "$out/bench-$b.log" | sed 's/^/  /'
+    failed=1
+  fi
+done
+exit $failed
