@@ -6,17 +6,23 @@
 # `bash .gpu-pack/pack.sh`.
 #
 # usage: tools/bench-smoke.sh [NAME]...   (default: every [[bench]] of Cargo.toml)
+#        tools/bench-smoke.sh --list      (those names, one a line; tools/gpu-pack.sh reads them)
 #   OUT=DIR keeps the records (bench-<name>.jsonl) and each bench's output (bench-<name>.log)
 # exit status: 0 when every bench named ran to its end, 1 otherwise.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 pack=${FLASHNEXT_PACK_DIR:-/tmp/flashnext-pack}
-out=${OUT:-$(mktemp -d)}
-mkdir -p "$out"
+# Every [[bench]] target's name in the root package's Cargo.toml.
+all_benches() {
+  awk '/^\[\[bench\]\]/{b=1; next} b && /^name *=/{gsub(/[" ]/, "", $0); sub(/^name=/, "", $0); print; b=0}' "$root/Cargo.toml"
+}
+if [ "${1:-}" = --list ]; then all_benches; exit 0; fi
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
-  mapfile -t names < <(awk '/^\[\[bench\]\]/{b=1; next} b && /^name *=/{gsub(/[" ]/, "", $0); sub(/^name=/, "", $0); print; b=0}' "$root/Cargo.toml")
+  mapfile -t names < <(all_benches)
 fi
+out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 failed=0
 for b in "${names[@]}"; do
   exe="$pack/$b"

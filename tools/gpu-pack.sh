@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --bin) bins+=("$2"); shift 2;;
     --file) files+=("$2"); shift 2;;
     --all-benches)
-      mapfile -t -O "${#benches[@]}" benches < <(awk '/^\[\[bench\]\]/{b=1; next} b && /^name *=/{gsub(/[" ]/, "", $0); sub(/^name=/, "", $0); print; b=0}' Cargo.toml)
+      mapfile -t -O "${#benches[@]}" benches < <(tools/bench-smoke.sh --list)
       shift;;
     -h|--help) sed -n 2,18p "$0"; exit 0;;
     *) echo "gpu-pack: unknown argument $1 (--help says what it takes)" >&2; exit 2;;
