@@ -5,18 +5,14 @@
 //!   inputs, captured as one graph of 36 launches and replayed: 108 MiB of state, beyond the
 //!   60 MB L2, so every launch reads and writes its state in DRAM, as in a decode step (where
 //!   ~100 MB of other weights pass between two GDN layers). Its bytes: the state read and written
-//!   plus q, k, v, z, the gates, o and y.
+//!   plus q, k, v, z, the gates and y.
 //! - The whole layer: 8 layers with distinct weights (filled on the device), states and scratch,
 //!   one graph of 24 launches; and each of its three kernels alone (a graph of its 8 launches).
 //!   Once with a bf16 input projection, once with an NVFP4 one (out_proj is bf16 in both).
-//! - The three placements of the gated norm (`NormAt`): in the state update's last blocks (the
-//!   default: `gdn_state_update`, then the plain GEMV), in out_proj's prologue (`gdn_delta_rule`,
-//!   then `gdn_out_proj`), and in the epilogue of the delta rule's whole-head blocks
-//!   (`gdn_delta_rule_normed`, then the plain GEMV): the state update alone and the whole layer.
 //! - Every tile candidate of the GDN kernels at the published shape, and out_proj's GEMV one
-//!   tile off its default, each kernel's graph alone; `gdn_out_proj`'s candidates also in the
-//!   whole layer's graph (its weights load before its grid dependency wait, so what it overlaps
-//!   matters).
+//!   tile off its default, each kernel's graph alone; the input projection's candidates also in
+//!   the whole layer's graph (with EARLY its weights load before its grid dependency wait, so
+//!   what it overlaps matters).
 //!
 //! Each line gives the time per layer (median, p10, p90 of the replays), the bytes, the rate,
 //! its fraction of 4.27 TB/s and of the device-to-device copy bandwidth measured in the same run,
@@ -29,15 +25,12 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use engine::cuda::timing::EventTimer;
 use engine::cuda::{DeviceBuffer, Gpu, Graph};
-use engine::kernels::gdn::delta_rule::gdn_delta_rule;
 use engine::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
 use engine::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4};
-use engine::kernels::gdn::out_proj::gdn_out_proj;
-use engine::kernels::gdn::state_update::gdn_state_update;
 use engine::kernels::gemv_bf16::gemv_bf16;
 use engine::layers::gdn::{
     CONV_KERNEL, GdnKernels, GdnLaunches, GdnScratch, GdnShape, GdnStateOnDevice, GdnTiles, GdnWeightsOnDevice,
-    InProjOnDevice, NormAt, Stage,
+    InProjOnDevice, Stage,
 };
 use engine::layers::matrix::MatrixOnDevice;
 use flashnext::bench::{GB10_STREAMING_BYTES_PER_S, H200_REFERENCE_BYTES_PER_S, Recorder, Sample, Unit, replay_times};
@@ -176,14 +169,7 @@ fn bench_gdn(c: &mut Criterion) {
     let mut out = Recorder::new(&gpu, "gdn", Some(copy_bw));
     let mut rng = Rng::fresh("gdn bench");
     let fk = gpu.kernel::<fill_bits::Kernel>(fill_bits::Tiles::DEFAULT).expect("fill kernel");
-    // The three places of the gated norm: in out_proj's prologue (the delta rule), in the state
-    // update's last blocks (the default), in the delta rule's whole-head blocks.
-    let new_path = GdnTiles { norm_at: NormAt::OutProj, ..GdnTiles::default() };
-    let kernels = GdnKernels::load(&gpu, new_path).expect("compile");
-    let old_path = GdnTiles { norm_at: NormAt::StateUpdate, ..GdnTiles::default() };
-    let old_kernels = GdnKernels::load(&gpu, old_path).expect("compile");
-    let block_path = GdnTiles { norm_at: NormAt::DeltaRuleBlock, ..GdnTiles::default() };
-    let block_kernels = GdnKernels::load(&gpu, block_path).expect("compile");
+    let kernels = GdnKernels::load(&gpu, GdnTiles::default()).expect("compile");
     let mut group = c.benchmark_group("gdn");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
 
@@ -212,43 +198,14 @@ fn bench_gdn(c: &mut Criterion) {
         }
     }
     gpu.synchronize().expect("sync");
-    // The earlier path first: the state update with the gated norm in its last blocks.
-    let old_bytes = SHAPE.state_update_bytes();
-    let g = capture(&gpu, &state_launches, &old_kernels, &[Stage::StateUpdate]);
-    report(
-        &Line {
-            bench: "gdn-state-update",
-            label: format!("gdn state update with the gated norm, gdn_state_update ({STATE_LAYERS} layers)"),
-            layers: STATE_LAYERS,
-            launches_per_layer: 1,
-            bytes: old_bytes,
-            times: replay_times(&gpu, &g, 50),
-        },
-        &mut out,
-    );
-    drop(g);
-    let block_bytes = SHAPE.delta_rule_normed_bytes();
-    let g = capture(&gpu, &state_launches, &block_kernels, &[Stage::StateUpdate]);
+    let update_bytes = SHAPE.state_update_bytes();
+    let g = capture(&gpu, &state_launches, &kernels, &[Stage::StateUpdate]);
     report(
         &Line {
             bench: "gdn-state-update",
             label: format!(
                 "gdn state update with the gated norm in whole-head blocks, gdn_delta_rule_normed ({STATE_LAYERS} layers)"
             ),
-            layers: STATE_LAYERS,
-            launches_per_layer: 1,
-            bytes: block_bytes,
-            times: replay_times(&gpu, &g, 50),
-        },
-        &mut out,
-    );
-    drop(g);
-    let update_bytes = SHAPE.delta_rule_bytes();
-    let g = capture(&gpu, &state_launches, &kernels, &[Stage::StateUpdate]);
-    report(
-        &Line {
-            bench: "gdn-state-update",
-            label: format!("gdn state update, gdn_delta_rule, norm in out_proj ({STATE_LAYERS} layers)"),
             layers: STATE_LAYERS,
             launches_per_layer: 1,
             bytes: update_bytes,
@@ -268,23 +225,15 @@ fn bench_gdn(c: &mut Criterion) {
         })
     });
     drop(g);
-    let base = new_path;
-    let variants =
-        gdn_delta_rule::Tiles::candidates().into_iter().map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }));
-    sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), update_bytes, &mut out);
-    let variants = gdn_state_update::Tiles::candidates()
-        .into_iter()
-        .map(|t| (format!("{t:?}"), GdnTiles { state_update: t, ..old_path }));
-    sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), old_bytes, &mut out);
     let variants = gdn_delta_rule_normed::Tiles::candidates()
         .into_iter()
-        .map(|t| (format!("{t:?}"), GdnTiles { delta_rule_normed: t, ..block_path }));
-    sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), block_bytes, &mut out);
+        .map(|t| (format!("{t:?}"), GdnTiles { delta_rule_normed: t, ..GdnTiles::default() }));
+    sweep(&gpu, &state_launches, &[Stage::StateUpdate], false, variants.collect(), update_bytes, &mut out);
     drop(state_launches);
     drop(scratch);
     drop(states);
     for (format, nvfp4) in [("bf16", false), ("nvfp4", true)] {
-        whole_layer(&gpu, [&kernels, &old_kernels, &block_kernels], &fk, &mut rng, &mut group, format, nvfp4, &mut out);
+        whole_layer(&gpu, &kernels, &fk, &mut rng, &mut group, format, nvfp4, &mut out);
     }
     group.finish();
 }
@@ -293,7 +242,7 @@ fn bench_gdn(c: &mut Criterion) {
 #[allow(clippy::too_many_arguments)]
 fn whole_layer(
     gpu: &Gpu,
-    [kernels, old_kernels, block_kernels]: [&GdnKernels; 3],
+    kernels: &GdnKernels,
     fk: &engine::cuda::LoadedKernel<fill_bits::Kernel>,
     rng: &mut Rng,
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
@@ -301,8 +250,7 @@ fn whole_layer(
     nvfp4: bool,
     out: &mut Sink,
 ) {
-    // The sweeps of the delta rule and of out_proj with the norm need that path.
-    let base = GdnTiles { norm_at: NormAt::OutProj, ..GdnTiles::default() };
+    let base = GdnTiles::default();
 
     let layers: Vec<GdnWeightsOnDevice> =
         (0..LAYERS).map(|l| layer_weights(gpu, fk, rng, 1000 * l as u32 + 11, nvfp4)).collect();
@@ -329,7 +277,9 @@ fn whole_layer(
     report(
         &Line {
             bench: "gdn-layer",
-            label: format!("gdn layer, {format} in_proj, bf16 out_proj, norm in out_proj ({LAYERS} layers)"),
+            label: format!(
+                "gdn layer, {format} in_proj, bf16 out_proj, norm in the delta rule's whole-head blocks ({LAYERS} layers)"
+            ),
             layers: LAYERS,
             launches_per_layer: 3,
             bytes: layer_bytes,
@@ -337,36 +287,6 @@ fn whole_layer(
         },
         out,
     );
-    {
-        let g = capture(gpu, &launches, old_kernels, &all);
-        report(
-            &Line {
-                bench: "gdn-layer",
-                label: format!(
-                    "gdn layer, {format} in_proj, bf16 out_proj, norm in the state update ({LAYERS} layers)"
-                ),
-                layers: LAYERS,
-                launches_per_layer: 3,
-                bytes: layer_bytes,
-                times: replay_times(gpu, &g, 50),
-            },
-            out,
-        );
-        let g = capture(gpu, &launches, block_kernels, &all);
-        report(
-            &Line {
-                bench: "gdn-layer",
-                label: format!(
-                    "gdn layer, {format} in_proj, bf16 out_proj, norm in the delta rule's whole-head blocks ({LAYERS} layers)"
-                ),
-                layers: LAYERS,
-                launches_per_layer: 3,
-                bytes: layer_bytes,
-                times: replay_times(gpu, &g, 50),
-            },
-            out,
-        );
-    }
     if nvfp4 {
         let all_nvfp4 = SHAPE.layer_bytes(true, true);
         println!(
@@ -393,20 +313,12 @@ fn whole_layer(
         SHAPE.in_proj_weight_bytes(nvfp4) + 2 * (CONV_KERNEL * SHAPE.conv_dim() + d) + 4 * 3 * SHAPE.conv_dim();
     let out_proj_bytes = 2 * (d * SHAPE.z_dim() + SHAPE.z_dim() + d);
     let stages = [
-        (kernels, Stage::InProj, "in_proj", in_proj_bytes),
-        (kernels, Stage::StateUpdate, "delta_rule", SHAPE.delta_rule_bytes()),
-        (kernels, Stage::OutProj, "out_proj with the gated norm", SHAPE.out_proj_normed_bytes()),
-        (old_kernels, Stage::StateUpdate, "state_update with the gated norm", SHAPE.state_update_bytes()),
-        (old_kernels, Stage::OutProj, "out_proj (gemv_bf16)", out_proj_bytes),
-        (
-            block_kernels,
-            Stage::StateUpdate,
-            "delta_rule_normed (whole-head blocks, gated norm)",
-            SHAPE.delta_rule_normed_bytes(),
-        ),
+        (Stage::InProj, "in_proj", in_proj_bytes),
+        (Stage::StateUpdate, "delta_rule_normed (whole-head blocks, gated norm)", SHAPE.state_update_bytes()),
+        (Stage::OutProj, "out_proj (gemv_bf16)", out_proj_bytes),
     ];
-    for (k, stage, label, bytes) in stages {
-        let g = capture(gpu, &launches, k, &[stage]);
+    for (stage, label, bytes) in stages {
+        let g = capture(gpu, &launches, kernels, &[stage]);
         report(
             &Line {
                 bench: "gdn-stage",
@@ -434,30 +346,19 @@ fn whole_layer(
     if nvfp4 {
         // The tensor-core input projection in the whole layer too, against the default: what its
         // loads before the wait overlap there.
-        // The layer at the default tiles but its input projection's (the sweep's base has the
-        // norm in out_proj, for the bf16 sweeps below).
-        let d = GdnTiles::default();
         let layer = variants
             .into_iter()
-            .filter(|(_, t)| t.in_proj_nvfp4.mma == 1 || t.in_proj_nvfp4 == d.in_proj_nvfp4)
-            .map(|(label, t)| (label, GdnTiles { in_proj_nvfp4: t.in_proj_nvfp4, ..d }))
+            .filter(|(_, t)| t.in_proj_nvfp4.mma == 1 || t.in_proj_nvfp4 == base.in_proj_nvfp4)
             .collect();
         sweep(gpu, &launches, &all, true, layer, SHAPE.layer_bytes(true, false), out);
     } else {
         // The bf16 input projection's candidates in the whole layer too: with EARLY > 0 its first
         // weights load before its wait, overlapping the previous layer's out_proj.
         sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
-        // gdn_out_proj: alone, and in the whole layer (what its early weight loads overlap).
-        let variants: Vec<(String, GdnTiles)> = gdn_out_proj::Tiles::candidates()
+        // The delta rule in the whole layer (where it launches its successor matters there).
+        let variants: Vec<(String, GdnTiles)> = gdn_delta_rule_normed::Tiles::candidates()
             .into_iter()
-            .map(|t| (format!("{t:?}"), GdnTiles { out_proj_normed: t, ..base }))
-            .collect();
-        sweep(gpu, &launches, &[Stage::OutProj], false, variants.clone(), SHAPE.out_proj_normed_bytes(), out);
-        sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
-        // gdn_delta_rule in the whole layer (where it launches its successor matters there).
-        let variants: Vec<(String, GdnTiles)> = gdn_delta_rule::Tiles::candidates()
-            .into_iter()
-            .map(|t| (format!("{t:?}"), GdnTiles { delta_rule: t, ..base }))
+            .map(|t| (format!("{t:?}"), GdnTiles { delta_rule_normed: t, ..base }))
             .collect();
         sweep(gpu, &launches, &all, false, variants, layer_bytes, out);
         // out_proj: the GEMV's candidates one tile off its default (its whole space is gemv's bench).
@@ -465,7 +366,7 @@ fn whole_layer(
         let variants = gemv_bf16::Tiles::candidates()
             .into_iter()
             .filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() <= 1)
-            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, norm_at: NormAt::StateUpdate, ..base }));
+            .map(|t| (format!("{t:?}"), GdnTiles { out_proj: t, ..base }));
         sweep(gpu, &launches, &[Stage::OutProj], false, variants.collect(), out_proj_bytes, out);
     }
 }

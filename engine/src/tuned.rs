@@ -41,7 +41,7 @@ use crate::kernels::qsa::combine::qsa_attention_combine;
 use crate::kernels::qsa::prepare::qsa_prepare;
 use crate::kernels::qsa::top_blocks::qsa_top_blocks;
 use crate::kernels::qsa::top_blocks_grid::qsa_top_blocks_grid;
-use crate::layers::gdn::{GdnLaunches, GdnShape, GdnTiles, InProj, NormAt};
+use crate::layers::gdn::{GdnLaunches, GdnShape, GdnTiles, InProj};
 use crate::layers::lm_head::LmHeadTiles;
 use crate::layers::mix::{self, MixLaunches, MixShape, MixTiles};
 use crate::layers::moe::{self, MoeLaunches, MoeShape, MoeTiles};
@@ -447,9 +447,6 @@ pub fn gdn_unit(shape: GdnShape, nvfp4_in_proj: bool, nvfp4_out_proj: bool) -> U
         shape: format!("{shape:?}"),
         knobs,
         valid: Box::new(move |t: &GdnTiles| {
-            if t.norm_at != NormAt::DeltaRuleBlock {
-                return Err("the step runs the norm in the delta rule's blocks".into());
-            }
             t.check(shape, nvfp4_in_proj).map_err(|e| e.to_string())?;
             if nvfp4_out_proj {
                 t.check_out_proj_nvfp4(shape).map_err(|e| e.to_string())?;

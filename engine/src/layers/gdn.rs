@@ -4,30 +4,17 @@
 //! 1. [`gdn_in_proj_bf16`] or [`gdn_in_proj_nvfp4`]: [in_proj_qkv; in_proj_z; in_proj_b;
 //!    in_proj_a]·x in one grouped GEMV, bf16 or NVFP4 weights, with the causal conv, SiLU and the
 //!    gates β and α in the epilogue;
-//! 2. the state update: the l2 norms of q and k, the delta rule on the state (read once, written
-//!    once), o = Sᵀq̂;
-//! 3. out_proj: [`gemv_bf16`], or [`gemv_nvfp4`] for NVFP4 weights (with the plain GEMV paths
-//!    below), or [`gdn_out_proj`] (bf16, the norm in its prologue).
+//! 2. [`gdn_delta_rule_normed`]: the l2 norms of q and k, the delta rule on the state (read
+//!    once, written once), o = Sᵀq̂, and the gated RMSNorm of each head in its epilogue (one block
+//!    a head, so the norm is one block reduction);
+//! 3. out_proj: [`gemv_bf16`], or [`gemv_nvfp4`] for NVFP4 weights, the plain GEMV of the normed
+//!    heads.
 //!
-//! Where the gated RMSNorm of o goes is a choice of [`GdnTiles::norm_at`] ([`NormAt`]):
-//!
-//! - in the state update's last block of each head ([`gdn_state_update`], a fence and a counter
-//!   per head), out_proj then the plain GEMV ([`gemv_bf16`]) of the normed heads: the first
-//!   version;
-//! - in out_proj's prologue: [`gdn_delta_rule`] has no cross-block step at all (a warp owns whole
-//!   state columns, so no barrier and no last-block tail), and [`gdn_out_proj`] normalises the
-//!   heads of its column slice (o and z from L2) while its weights, loaded before its grid
-//!   dependency wait, are already streaming;
-//! - in the delta rule's epilogue (the default): [`gdn_delta_rule_normed`] gives each head one
-//!   block (its warps own whole columns as in [`gdn_delta_rule`]), so the norm is one block
-//!   reduction and one barrier, and out_proj is the plain GEMV.
-//!
-//! The second has the faster state update (H200: 2.77 µs against 5.99 alone) but the slower
-//! layer (46.45 µs against 40.42 in bf16): every out_proj block renormalises all 48 heads from
-//! L2, and that prologue costs more (18.5 µs against 10.5 for out_proj) than the state update
-//! saves. The third keeps the plain out_proj and is the fastest layer (H200, one call: 39.08 µs
-//! in bf16 against 40.51 for the first and 46.67 for the second; NVFP4 input projection 36.72
-//! against 37.27), its state update with the norm 3.56 µs against 5.98.
+//! The norm had two other places once, both slower and removed (session 42; the H200 figures in
+//! BENCHMARKS.md, GDN section): the last block of each head of a column-split state update (a
+//! fence and a counter a head; the layer 40.51 µs against 39.08 in bf16), and out_proj's
+//! prologue after a delta rule with no cross-block step (46.67 µs: every out_proj block
+//! renormalised its heads from L2 before its products).
 
 use half::bf16;
 use kernel_dsl::e2m1_pairs::Layout;
@@ -35,11 +22,8 @@ use kernel_dsl::{Arch, DevPtr, DevPtrMut, E2m1x2, E4m3, TileSet};
 
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel};
 use crate::error::{Error, Result};
-use crate::kernels::gdn::delta_rule::gdn_delta_rule;
 use crate::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
 use crate::kernels::gdn::in_proj::{gdn_in_proj_bf16, gdn_in_proj_nvfp4, nvfp4_codes_layout};
-use crate::kernels::gdn::out_proj::gdn_out_proj;
-use crate::kernels::gdn::state_update::gdn_state_update;
 use crate::kernels::gemv_bf16::gemv_bf16;
 use crate::kernels::gemv_nvfp4::gemv_nvfp4;
 use crate::layers::matrix::{MatrixOnDevice, matrix_bytes};
@@ -106,29 +90,11 @@ impl GdnShape {
         self.value_heads * self.key_dim * self.value_dim
     }
 
-    /// Bytes the state update moves: the state read and written, q, k, v, z, the gates and the
-    /// norm weight read, o written in f32 and read back, y written.
+    /// Bytes the state update ([`gdn_delta_rule_normed`]) moves: the state read and written, q, k,
+    /// v, z, the gates and the norm weight read, y written in bf16.
     pub fn state_update_bytes(&self) -> usize {
         let qkvz = self.conv_dim() + self.z_dim() + 2 * self.value_heads;
-        8 * self.state_len() + 4 * qkvz + 2 * self.value_dim + 8 * self.z_dim() + 2 * self.z_dim()
-    }
-
-    /// Bytes [`gdn_delta_rule`] moves: the state read and written, q, k, v and the gates read, o
-    /// written in f32.
-    pub fn delta_rule_bytes(&self) -> usize {
-        8 * self.state_len() + 4 * (self.conv_dim() + 2 * self.value_heads) + 4 * self.z_dim()
-    }
-
-    /// Bytes [`gdn_delta_rule_normed`] moves: the state read and written, q, k, v, z, the gates
-    /// and the norm weight read, y written in bf16.
-    pub fn delta_rule_normed_bytes(&self) -> usize {
-        let qkvz = self.conv_dim() + self.z_dim() + 2 * self.value_heads;
         8 * self.state_len() + 4 * qkvz + 2 * self.value_dim + 2 * self.z_dim()
-    }
-
-    /// Bytes [`gdn_out_proj`] moves at least: its weights, o and z read in f32, the norm weight, y.
-    pub fn out_proj_normed_bytes(&self) -> usize {
-        2 * self.hidden * self.z_dim() + 8 * self.z_dim() + 2 * self.value_dim + 2 * self.hidden
     }
 
     /// Bytes of the stacked input projection's weights: bf16, or NVFP4 (0.5625 B a value: codes
@@ -322,15 +288,9 @@ impl GdnStateOnDevice {
 pub struct GdnScratch {
     /// The in_proj epilogue's output [in_rows]: conv'd q, k, v, then z, β, α (f32).
     pub proj: DeviceBuffer<f32>,
-    /// Sᵀq̂ per head [z_dim], f32.
-    pub o: DeviceBuffer<f32>,
-    /// One per value head, for the gated norm's last block (the norm in the state update only).
-    pub head_counters: DeviceBuffer<u32>,
-    /// The gated-normed heads, the plain GEMV's input [z_dim], bf16 (the norm in the state
-    /// update or in the delta rule's blocks; with the norm in out_proj, x lives in each out_proj
-    /// block's shared memory).
+    /// The gated-normed heads, out_proj's input [z_dim], bf16.
     pub normed: DeviceBuffer<bf16>,
-    /// out_proj's split-K partials [16, hidden] and tile counters [hidden] (either out_proj).
+    /// out_proj's split-K partials [16, hidden] and tile counters [hidden].
     pub out_partial: DeviceBuffer<f32>,
     pub out_counters: DeviceBuffer<u32>,
 }
@@ -339,52 +299,23 @@ impl GdnScratch {
     pub fn new(gpu: &Gpu, shape: GdnShape) -> Result<GdnScratch> {
         let mut s = GdnScratch {
             proj: gpu.alloc(shape.in_rows())?,
-            o: gpu.alloc(shape.z_dim())?,
-            head_counters: gpu.alloc(shape.value_heads)?,
             normed: gpu.alloc(shape.z_dim())?,
             out_partial: gpu.alloc(MAX_OUT_SPLIT * shape.hidden)?,
             out_counters: gpu.alloc(shape.hidden)?,
         };
-        gpu.fill_bytes(&mut s.head_counters, 0)?;
         gpu.fill_bytes(&mut s.out_counters, 0)?;
         Ok(s)
     }
 }
 
-/// Where the gated RMSNorm of the heads' outputs goes: which state update and which out_proj run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NormAt {
-    /// In the state update's last block of each head: [`gdn_state_update`], then [`gemv_bf16`].
-    StateUpdate,
-    /// In out_proj's prologue: [`gdn_delta_rule`], then [`gdn_out_proj`].
-    OutProj,
-    /// In the epilogue of a delta rule with whole-head blocks: [`gdn_delta_rule_normed`], then
-    /// [`gemv_bf16`].
-    DeltaRuleBlock,
-}
-
-impl NormAt {
-    pub const ALL: [NormAt; 3] = [NormAt::StateUpdate, NormAt::OutProj, NormAt::DeltaRuleBlock];
-
-    /// Whether out_proj is the plain GEMV of the normed heads ([`gemv_bf16`]).
-    pub fn plain_out_proj(self) -> bool {
-        self != NormAt::OutProj
-    }
-}
-
-/// Tile choices for the GDN kernels, and where the gated norm goes.
+/// Tile choices for the GDN kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdnTiles {
     pub in_proj: gdn_in_proj_bf16::Tiles,
     pub in_proj_nvfp4: gdn_in_proj_nvfp4::Tiles,
-    /// Which state update and out_proj run.
-    pub norm_at: NormAt,
-    pub delta_rule: gdn_delta_rule::Tiles,
     pub delta_rule_normed: gdn_delta_rule_normed::Tiles,
-    pub out_proj_normed: gdn_out_proj::Tiles,
-    pub state_update: gdn_state_update::Tiles,
     pub out_proj: gemv_bf16::Tiles,
-    /// out_proj when its weights are NVFP4 (with the plain GEMV paths).
+    /// out_proj when its weights are NVFP4.
     pub out_proj_nvfp4: gemv_nvfp4::Tiles,
 }
 
@@ -393,12 +324,7 @@ impl Default for GdnTiles {
         GdnTiles {
             in_proj: TileSet::DEFAULT,
             in_proj_nvfp4: TileSet::DEFAULT,
-            // The fastest layer on the H200 (module docs).
-            norm_at: NormAt::DeltaRuleBlock,
-            delta_rule: TileSet::DEFAULT,
             delta_rule_normed: TileSet::DEFAULT,
-            out_proj_normed: TileSet::DEFAULT,
-            state_update: TileSet::DEFAULT,
             // out_proj is 2560 × 6144: split K four ways so its 320 row tiles fill the SMs
             // (H200, benches/gdn.rs: 10.5 µs against 15.1 µs unsplit).
             out_proj: gemv_bf16::Tiles { k_split: 4, ..TileSet::DEFAULT },
@@ -426,38 +352,21 @@ impl GdnTiles {
             InProj::Bf16(args) => gdn_in_proj_bf16::Kernel::launch_dims(&self.in_proj, args)?,
             InProj::Nvfp4(args) => gdn_in_proj_nvfp4::Kernel::launch_dims(&self.in_proj_nvfp4, args)?,
         };
-        match self.norm_at {
-            NormAt::StateUpdate => gdn_state_update::Kernel::launch_dims(&self.state_update, &a.state_update)?,
-            NormAt::OutProj => gdn_delta_rule::Kernel::launch_dims(&self.delta_rule, &a.delta_rule)?,
-            NormAt::DeltaRuleBlock => {
-                gdn_delta_rule_normed::Kernel::launch_dims(&self.delta_rule_normed, &a.delta_rule_normed)?
-            }
-        };
-        let (kernel, dims) = if self.norm_at.plain_out_proj() {
-            ("gemv_bf16", gemv_bf16::Kernel::launch_dims(&self.out_proj, &a.out_proj)?)
-        } else {
-            ("gdn_out_proj", gdn_out_proj::Kernel::launch_dims(&self.out_proj_normed, &a.out_proj_normed)?)
-        };
+        gdn_delta_rule_normed::Kernel::launch_dims(&self.delta_rule_normed, &a.delta_rule_normed)?;
+        let dims = gemv_bf16::Kernel::launch_dims(&self.out_proj, &a.out_proj)?;
         // out_proj's counters and partials are sized for at most `hidden` row tiles and 16 splits.
         if dims.grid[0] as usize > shape.hidden || dims.grid[1] as usize > MAX_OUT_SPLIT {
             return Err(kernel_dsl::LaunchError {
-                kernel,
+                kernel: "gemv_bf16",
                 message: "out_proj's scratch is sized for 16 splits and one counter per row".to_owned(),
             });
         }
         Ok(())
     }
 
-    /// Whether out_proj in NVFP4 can run `shape` at these tiles: the plain GEMV paths only (the
-    /// norm in out_proj's prologue has a bf16 kernel alone), its requirements, its scratch.
+    /// Whether out_proj in NVFP4 can run `shape` at these tiles: its requirements, its scratch.
     pub fn check_out_proj_nvfp4(&self, shape: GdnShape) -> std::result::Result<(), kernel_dsl::LaunchError> {
         use kernel_dsl::KernelDef;
-        if !self.norm_at.plain_out_proj() {
-            return Err(kernel_dsl::LaunchError {
-                kernel: "gdn_out_proj",
-                message: "out_proj with the norm in its prologue has no NVFP4 kernel".to_owned(),
-            });
-        }
         let a = GdnLaunches::unbound(shape, false);
         let dims = gemv_nvfp4::Kernel::launch_dims(&self.out_proj_nvfp4, &a.out_proj_nvfp4)?;
         if dims.grid[0] as usize > shape.hidden || dims.grid[1] as usize > MAX_OUT_SPLIT {
@@ -469,11 +378,11 @@ impl GdnTiles {
         Ok(())
     }
 
-    /// Tiles that run `shape` on this path: each kernel at its default where that fits (the
+    /// Tiles that run `shape`: each kernel at its default where that fits (the
     /// defaults are tuned for the published head size and width), otherwise at its first
     /// candidate that fits (out_proj's GEMV trying the layer's split first, then its own unsplit
     /// default). None if some kernel has no candidate that fits.
-    pub fn fitting(shape: GdnShape, nvfp4: bool, norm_at: NormAt) -> Option<GdnTiles> {
+    pub fn fitting(shape: GdnShape, nvfp4: bool) -> Option<GdnTiles> {
         use kernel_dsl::{KernelDef, LaunchDims};
         /// The first of `tries` whose launch fits, `scratch_ok` included.
         fn pick<K: KernelDef>(
@@ -494,62 +403,37 @@ impl GdnTiles {
         // (the published shape's rows; every candidate has at least one row a tile).
         let out_ok = |d: &LaunchDims| d.grid[1] as usize <= MAX_OUT_SPLIT;
         let d = GdnTiles::default();
-        let mut t = GdnTiles { norm_at, ..d };
+        let mut t = d;
         match &a.in_proj {
             InProj::Bf16(args) => t.in_proj = pick::<gdn_in_proj_bf16::Kernel>(args, tries(d.in_proj), any)?,
             InProj::Nvfp4(args) => {
                 t.in_proj_nvfp4 = pick::<gdn_in_proj_nvfp4::Kernel>(args, tries(d.in_proj_nvfp4), any)?
             }
         }
-        match norm_at {
-            NormAt::StateUpdate => {
-                t.state_update = pick::<gdn_state_update::Kernel>(&a.state_update, tries(d.state_update), any)?
-            }
-            NormAt::OutProj => t.delta_rule = pick::<gdn_delta_rule::Kernel>(&a.delta_rule, tries(d.delta_rule), any)?,
-            NormAt::DeltaRuleBlock => {
-                t.delta_rule_normed =
-                    pick::<gdn_delta_rule_normed::Kernel>(&a.delta_rule_normed, tries(d.delta_rule_normed), any)?
-            }
-        }
-        if norm_at.plain_out_proj() {
-            t.out_proj = pick::<gemv_bf16::Kernel>(&a.out_proj, tries(d.out_proj), out_ok)?;
-            // NVFP4 out_proj: the row path, or the split path lowered until it fits (the GEMV's
-            // own fallback, as QSA's projections take it), else the first candidate that fits.
-            // It is optional: a shape none of its tiles cover keeps the default, and
-            // `check_out_proj_nvfp4` refuses it where NVFP4 is asked for.
-            let found = crate::kernels::gemv_nvfp4::fitting(d.out_proj_nvfp4, &a.out_proj_nvfp4, out_ok)
-                .or_else(|| pick::<gemv_nvfp4::Kernel>(&a.out_proj_nvfp4, tries(d.out_proj_nvfp4), out_ok));
-            if let Some(n) = found {
-                t.out_proj_nvfp4 = n;
-            }
-        } else {
-            t.out_proj_normed = pick::<gdn_out_proj::Kernel>(&a.out_proj_normed, tries(d.out_proj_normed), out_ok)?;
+        t.delta_rule_normed =
+            pick::<gdn_delta_rule_normed::Kernel>(&a.delta_rule_normed, tries(d.delta_rule_normed), any)?;
+        t.out_proj = pick::<gemv_bf16::Kernel>(&a.out_proj, tries(d.out_proj), out_ok)?;
+        // NVFP4 out_proj: the row path, or the split path lowered until it fits (the GEMV's own
+        // fallback, as QSA's projections take it), else the first candidate that fits. It is
+        // optional: a shape none of its tiles cover keeps the default, and `check_out_proj_nvfp4`
+        // refuses it where NVFP4 is asked for.
+        let found = crate::kernels::gemv_nvfp4::fitting(d.out_proj_nvfp4, &a.out_proj_nvfp4, out_ok)
+            .or_else(|| pick::<gemv_nvfp4::Kernel>(&a.out_proj_nvfp4, tries(d.out_proj_nvfp4), out_ok));
+        if let Some(n) = found {
+            t.out_proj_nvfp4 = n;
         }
         t.check(shape, nvfp4).is_ok().then_some(t)
     }
 }
 
-/// The state update and out_proj of one of the three placements of the gated norm.
-#[derive(Debug)]
-pub enum NormPath {
-    /// [`gdn_delta_rule`], then [`gdn_out_proj`] with the norm in its prologue.
-    InOutProj { delta_rule: LoadedKernel<gdn_delta_rule::Kernel>, out_proj: LoadedKernel<gdn_out_proj::Kernel> },
-    /// [`gdn_state_update`] with the norm in its last blocks, then [`gemv_bf16`].
-    InStateUpdate { state_update: LoadedKernel<gdn_state_update::Kernel>, out_proj: LoadedKernel<gemv_bf16::Kernel> },
-    /// [`gdn_delta_rule_normed`] with the norm in its whole-head blocks, then [`gemv_bf16`].
-    InDeltaRuleBlock {
-        delta_rule: LoadedKernel<gdn_delta_rule_normed::Kernel>,
-        out_proj: LoadedKernel<gemv_bf16::Kernel>,
-    },
-}
-
-/// The GDN kernels, compiled for one device at chosen tiles (only the chosen path's).
+/// The GDN kernels, compiled for one device at chosen tiles.
 #[derive(Debug)]
 pub struct GdnKernels {
     pub in_proj: LoadedKernel<gdn_in_proj_bf16::Kernel>,
     pub in_proj_nvfp4: LoadedKernel<gdn_in_proj_nvfp4::Kernel>,
-    pub path: NormPath,
-    /// out_proj for NVFP4 weights (the plain GEMV paths).
+    pub delta_rule_normed: LoadedKernel<gdn_delta_rule_normed::Kernel>,
+    pub out_proj: LoadedKernel<gemv_bf16::Kernel>,
+    /// out_proj for NVFP4 weights.
     pub out_proj_nvfp4: LoadedKernel<gemv_nvfp4::Kernel>,
 }
 
@@ -560,24 +444,11 @@ impl GdnKernels {
     }
 
     pub fn load(gpu: &Gpu, tiles: GdnTiles) -> Result<GdnKernels> {
-        let path = match tiles.norm_at {
-            NormAt::OutProj => NormPath::InOutProj {
-                delta_rule: gpu.kernel(tiles.delta_rule)?,
-                out_proj: gpu.kernel(tiles.out_proj_normed)?,
-            },
-            NormAt::StateUpdate => NormPath::InStateUpdate {
-                state_update: gpu.kernel(tiles.state_update)?,
-                out_proj: gpu.kernel(tiles.out_proj)?,
-            },
-            NormAt::DeltaRuleBlock => NormPath::InDeltaRuleBlock {
-                delta_rule: gpu.kernel(tiles.delta_rule_normed)?,
-                out_proj: gpu.kernel(tiles.out_proj)?,
-            },
-        };
         Ok(GdnKernels {
             in_proj: gpu.kernel(tiles.in_proj)?,
             in_proj_nvfp4: gpu.kernel(tiles.in_proj_nvfp4)?,
-            path,
+            delta_rule_normed: gpu.kernel(tiles.delta_rule_normed)?,
+            out_proj: gpu.kernel(tiles.out_proj)?,
             out_proj_nvfp4: gpu.kernel(tiles.out_proj_nvfp4)?,
         })
     }
@@ -598,15 +469,12 @@ pub enum InProj {
     Nvfp4(gdn_in_proj_nvfp4::Args),
 }
 
-/// The launches of one GDN pass, arguments bound: the input projection and every path's state
-/// update and out_proj (the kernels loaded say which pair runs).
+/// The launches of one GDN pass, arguments bound: the input projection, the state update and
+/// out_proj in both formats (the weights say which runs).
 #[derive(Clone, Copy, Debug)]
 pub struct GdnLaunches {
     pub in_proj: InProj,
-    pub delta_rule: gdn_delta_rule::Args,
     pub delta_rule_normed: gdn_delta_rule_normed::Args,
-    pub out_proj_normed: gdn_out_proj::Args,
-    pub state_update: gdn_state_update::Args,
     pub out_proj: gemv_bf16::Args,
     pub out_proj_nvfp4: gemv_nvfp4::Args,
     /// Whether out_proj's weights are NVFP4 (then `out_proj_nvfp4` runs in place of the bf16 GEMV).
@@ -630,8 +498,8 @@ struct Addresses {
     in_proj_layout: Layout,
     /// conv_hist, state.
     st: [u64; 2],
-    /// proj, o, head_counters, normed, out_partial, out_counters.
-    s: [u64; 6],
+    /// proj, normed, out_partial, out_counters.
+    s: [u64; 4],
 }
 
 impl GdnLaunches {
@@ -672,8 +540,6 @@ impl GdnLaunches {
             st: [st.conv_hist.ptr_mut().addr(), st.state.ptr_mut().addr()],
             s: [
                 s.proj.ptr_mut().addr(),
-                s.o.ptr_mut().addr(),
-                s.head_counters.ptr_mut().addr(),
                 s.normed.ptr_mut().addr(),
                 s.out_partial.ptr_mut().addr(),
                 s.out_counters.ptr_mut().addr(),
@@ -694,7 +560,7 @@ impl GdnLaunches {
                 nvfp4_out_proj: false,
                 in_proj_layout: Layout::Nibbles,
                 st: [0; 2],
-                s: [0; 6],
+                s: [0; 4],
             },
         )
     }
@@ -709,7 +575,7 @@ impl GdnLaunches {
         let u = |v: usize| v as u32;
         let [in_proj, in_scales, in_scale2, conv, a_log, dt_bias, norm, out_proj, out_scales, out_scale2] = a.w;
         let [conv_hist, state] = a.st;
-        let [proj, o, head_counters, normed, out_partial, out_counters] = a.s;
+        let [proj, normed, out_partial, out_counters] = a.s;
         let in_proj = if a.nvfp4 {
             InProj::Nvfp4(gdn_in_proj_nvfp4::Args {
                 packed: r(in_proj),
@@ -743,48 +609,10 @@ impl GdnLaunches {
         };
         GdnLaunches {
             in_proj,
-            delta_rule: gdn_delta_rule::Args {
-                proj: r(proj),
-                state: w(state),
-                o: w(o),
-                key_heads: u(sh.key_heads),
-                value_heads: u(sh.value_heads),
-                dk: u(sh.key_dim),
-                dv: u(sh.value_dim),
-            },
             delta_rule_normed: gdn_delta_rule_normed::Args {
                 proj: r(proj),
                 norm_w: r(norm),
                 state: w(state),
-                y: w(normed),
-                key_heads: u(sh.key_heads),
-                value_heads: u(sh.value_heads),
-                dk: u(sh.key_dim),
-                dv: u(sh.value_dim),
-                eps: sh.eps,
-                sigmoid_gate: sh.sigmoid_gate,
-            },
-            out_proj_normed: gdn_out_proj::Args {
-                w: r(out_proj),
-                o: r(o),
-                proj: r(proj),
-                norm_w: r(norm),
-                y: w(a.y),
-                partial: w(out_partial),
-                counters: w(out_counters),
-                rows: u(sh.hidden),
-                cols: u(sh.z_dim()),
-                dv: u(sh.value_dim),
-                z_offset: u(sh.conv_dim()),
-                eps: sh.eps,
-                sigmoid_gate: sh.sigmoid_gate,
-            },
-            state_update: gdn_state_update::Args {
-                proj: r(proj),
-                norm_w: r(norm),
-                state: w(state),
-                o: w(o),
-                counters: w(head_counters),
                 y: w(normed),
                 key_heads: u(sh.key_heads),
                 value_heads: u(sh.value_heads),
@@ -847,23 +675,9 @@ impl GdnLaunches {
                         k.in_proj_nvfp4.launch(gpu, a)
                     }
                 },
-                Stage::StateUpdate => match &k.path {
-                    NormPath::InOutProj { delta_rule, .. } => delta_rule.launch(gpu, &self.delta_rule),
-                    NormPath::InStateUpdate { state_update, .. } => state_update.launch(gpu, &self.state_update),
-                    NormPath::InDeltaRuleBlock { delta_rule, .. } => delta_rule.launch(gpu, &self.delta_rule_normed),
-                },
-                Stage::OutProj => match &k.path {
-                    NormPath::InOutProj { .. } if self.nvfp4_out_proj => {
-                        Err(Error::Buffer("GDN: out_proj with the norm in its prologue has no NVFP4 kernel".to_owned()))
-                    }
-                    NormPath::InOutProj { out_proj, .. } => out_proj.launch(gpu, &self.out_proj_normed),
-                    NormPath::InStateUpdate { .. } | NormPath::InDeltaRuleBlock { .. } if self.nvfp4_out_proj => {
-                        k.out_proj_nvfp4.launch(gpu, &self.out_proj_nvfp4)
-                    }
-                    NormPath::InStateUpdate { out_proj, .. } | NormPath::InDeltaRuleBlock { out_proj, .. } => {
-                        out_proj.launch(gpu, &self.out_proj)
-                    }
-                },
+                Stage::StateUpdate => k.delta_rule_normed.launch(gpu, &self.delta_rule_normed),
+                Stage::OutProj if self.nvfp4_out_proj => k.out_proj_nvfp4.launch(gpu, &self.out_proj_nvfp4),
+                Stage::OutProj => k.out_proj.launch(gpu, &self.out_proj),
             }
         }
     }
@@ -920,7 +734,7 @@ mod tests {
         assert_eq!(PUBLISHED.in_rows(), 10240 + 6144 + 96);
         // 3 MiB of state per layer.
         assert_eq!(4 * PUBLISHED.state_len(), 3 << 20);
-        // The state update moves the state twice (6.29 MB) and ~0.2 MB of vectors.
+        // The state update moves the state twice (6.29 MB) and ~0.1 MB of vectors.
         let b = PUBLISHED.state_update_bytes() as f64;
         assert!((6.29e6..6.6e6).contains(&b), "{b}");
         // ~58 M bf16 weights: ~116 MB, plus the state.
@@ -938,13 +752,10 @@ mod tests {
     fn default_tiles_fit_the_published_shape() {
         GdnTiles::default().check(PUBLISHED, false).expect("default tiles, bf16");
         GdnTiles::default().check(PUBLISHED, true).expect("default tiles, NVFP4");
-        for norm_at in NormAt::ALL {
-            for nvfp4 in [false, true] {
-                let t = GdnTiles::fitting(PUBLISHED, nvfp4, norm_at).expect("fitting tiles");
-                assert_eq!(t, GdnTiles { norm_at, ..GdnTiles::default() });
-                // NVFP4 out_proj runs with the plain GEMV paths only.
-                assert_eq!(t.check_out_proj_nvfp4(PUBLISHED).is_ok(), norm_at.plain_out_proj(), "{norm_at:?}");
-            }
+        for nvfp4 in [false, true] {
+            let t = GdnTiles::fitting(PUBLISHED, nvfp4).expect("fitting tiles");
+            assert_eq!(t, GdnTiles::default());
+            t.check_out_proj_nvfp4(PUBLISHED).expect("NVFP4 out_proj at the defaults");
         }
     }
 
@@ -967,22 +778,19 @@ mod tests {
         }
     }
 
-    /// A shape off the defaults (head size 64, a narrow model) still finds tiles on every path.
+    /// A shape off the defaults (head size 64, a narrow model) still finds tiles.
     #[test]
     fn fitting_tiles_for_a_small_shape() {
         let small = GdnShape { hidden: 512, key_heads: 2, value_heads: 6, key_dim: 64, ..PUBLISHED };
-        for norm_at in NormAt::ALL {
-            for nvfp4 in [false, true] {
-                let t = GdnTiles::fitting(small, nvfp4, norm_at).expect("fitting tiles");
-                assert!(t.check(small, nvfp4).is_ok());
-                assert_eq!(t.norm_at, norm_at);
-            }
+        for nvfp4 in [false, true] {
+            let t = GdnTiles::fitting(small, nvfp4).expect("fitting tiles");
+            assert!(t.check(small, nvfp4).is_ok());
         }
         // out_proj's NVFP4 GEMV: the row path at the published width; at 384 columns, where its
         // steps do not fit, the split path.
-        let published = GdnTiles::fitting(PUBLISHED, true, NormAt::DeltaRuleBlock).expect("fitting tiles");
+        let published = GdnTiles::fitting(PUBLISHED, true).expect("fitting tiles");
         assert_eq!(published.out_proj_nvfp4, crate::kernels::gemv_nvfp4::ROW_PATH);
-        let t = GdnTiles::fitting(small, true, NormAt::DeltaRuleBlock).expect("fitting tiles");
+        let t = GdnTiles::fitting(small, true).expect("fitting tiles");
         assert_eq!(t.out_proj_nvfp4.rows, 0);
         t.check_out_proj_nvfp4(small).expect("the split path fits");
     }

@@ -7,7 +7,7 @@ use kernel_dsl::Arch;
 
 use crate::cuda::DeviceInfo;
 use crate::error::{Error, Result};
-use crate::layers::gdn::{GdnShape, GdnTiles, NormAt};
+use crate::layers::gdn::{GdnShape, GdnTiles};
 use crate::layers::lm_head::LmHeadTiles;
 use crate::layers::mix::{MixShape, MixTiles};
 use crate::layers::moe::{MoeShape, MoeTiles};
@@ -114,7 +114,7 @@ impl StepPlan {
         let has = |k: LayerKind| cfg.layer_kinds.contains(&k);
         let gdn = if has(LayerKind::Gdn) {
             let shape = GdnShape::from_config(cfg)?;
-            let tiles = GdnTiles::fitting(shape, formats.gdn_in_proj, NormAt::DeltaRuleBlock)
+            let tiles = GdnTiles::fitting(shape, formats.gdn_in_proj)
                 .ok_or_else(|| unsupported("Gated DeltaNet layers", format!("{shape:?}")))?;
             if formats.gdn_out_proj {
                 tiles.check_out_proj_nvfp4(shape).map_err(|e| unsupported("GDN out_proj in NVFP4", e))?;

@@ -1,6 +1,6 @@
-//! The delta rule of [`super::delta_rule`] with whole-head blocks, so that the gated RMSNorm of a
-//! head's dv outputs (the only coupling between its columns) is one block reduction in the
-//! epilogue: no fence, no counter, no last-block tail, and out_proj is the plain bf16 GEMV.
+//! The Gated DeltaNet delta rule on the fp32 state with whole-head blocks, so that the gated
+//! RMSNorm of a head's dv outputs (the only coupling between its columns) is one block reduction
+//! in the epilogue: no fence, no counter, no last-block tail, and out_proj is the plain GEMV.
 
 use kernel_macros::kernel;
 
@@ -15,20 +15,31 @@ use kernel_macros::kernel;
 ///
 /// `proj` is what the input projection wrote: q [Hk·dk], k [Hk·dk], v [Hv·dv] (conv and SiLU
 /// applied), z [Hv·dv], β [Hv], α [Hv]. The state is [Hv, dk, dv] row-major; y is [Hv·dv] in
-/// bf16 (the input of out_proj, as [`super::state_update::gdn_state_update`] writes it).
+/// bf16, the input of out_proj.
 ///
-/// The state update is [`super::delta_rule::gdn_delta_rule`]'s (a warp owns 4·COL_LANES whole
-/// columns, every column sum an xor butterfly over its row groups), but one block of WARPS warps
-/// covers all dv columns of a head (grid: the value heads). After the butterflies every lane of
-/// a warp holds its 4 columns' o; Σo² over the head is each warp's partial (its row group 0
-/// lanes, xor-reduced over the column lanes) through shared memory, one `sync_threads()`, then
-/// the partials added in warp order by every thread: deterministic. The normed y uses the same
-/// expression and rounding as the state update's last block.
+/// Per state column v everything but the norm is local to the column: (Sᵀk̂)_v, the update of
+/// column v and (Sᵀq̂)_v read only column v. So a warp takes 4·COL_LANES whole columns: lane
+/// (tj, rg) holds the 4 columns 4·tj.. over the RPT rows rg·RPT.. (32/COL_LANES row groups fill
+/// the warp, RPT of them cover dk) in registers, with the RPT values of k̂ and q̂ it meets. The
+/// norms of k and q and the column sums Sᵀk̂ and Sᵀq̂ are xor butterflies over the row groups (the
+/// lanes with the same tj): every lane gets the same bits, in a fixed order, so the result is
+/// deterministic and the state update needs no barrier. RPT stops at 16: at 32 (dk 128 over 4
+/// row groups) the 128 state values and 64 of k̂ and q̂ of a thread spill (255 registers on sm_90).
 ///
-/// The kernel overlaps its predecessor (programmatic dependent launch) as the plain delta rule
-/// does: the state loads come before `grid_dependency_wait()`, everything that reads `proj` or
-/// writes comes after; TRIGGER says where it lets its successor launch (0 after the wait, 1
-/// before its state loads).
+/// One block of WARPS warps covers all dv columns of a head (grid: the value heads). After the
+/// butterflies every lane of a warp holds its 4 columns' o; Σo² over the head is each warp's
+/// partial (its row group 0 lanes, xor-reduced over the column lanes) through shared memory, one
+/// `sync_threads()`, then the partials added in warp order by every thread: deterministic.
+///
+/// The kernel overlaps its predecessor (programmatic dependent launch): the state loads come
+/// before `grid_dependency_wait()` (the state was last written by this kernel a token ago, at
+/// least two launches back); everything that reads `proj` or writes comes after. TRIGGER says
+/// where it lets its successor launch: 0 after the wait, 1 before its state loads (the successor
+/// still waits for this grid's end before it reads anything this grid writes, so both are safe).
+///
+/// In the step (one H100, 2026-12-06, BENCHMARKS.md, GDN section) its work after the wait costs
+/// about 3.0 µs a layer, 1.8 of them the state's stores; two blocks a head, each storing half,
+/// was slower.
 #[kernel(
     block = 32 * WARPS,
     grid = value_heads,

@@ -1,12 +1,13 @@
 //! Gated DeltaNet decode as three launches: the input projections with the conv and the gates
-//! ([`in_proj`]); then one of three pairs: the delta rule on the fp32 state with no cross-block
-//! step ([`delta_rule`]) and out_proj with the gated norm in its prologue ([`out_proj`]); the
-//! delta rule with whole-head blocks and the gated norm in its epilogue ([`delta_rule_normed`])
-//! and the plain bf16 GEMV ([`crate::kernels::gemv_bf16`]); or the earlier pair: the delta rule
-//! with the gated norm in the last block of each head ([`state_update`]) and the plain GEMV.
+//! ([`in_proj`]); the delta rule on the fp32 state with whole-head blocks and the gated norm in
+//! its epilogue ([`delta_rule_normed`]); and out_proj, the plain GEMV of the normed heads
+//! ([`crate::kernels::gemv_bf16`] or [`crate::kernels::gemv_nvfp4`]).
+//!
+//! Two other places for the norm were built, measured and removed (session 42): in the last
+//! block of each head of a column-split state update (a fence and a counter a head), and in
+//! out_proj's prologue after a delta rule with no cross-block step. Both made the layer slower
+//! on the H200 (40.51 and 46.67 µs against 39.08 in bf16), and no tuned table chose either
+//! (BENCHMARKS.md, GDN section).
 
-pub mod delta_rule;
 pub mod delta_rule_normed;
 pub mod in_proj;
-pub mod out_proj;
-pub mod state_update;
