@@ -577,6 +577,26 @@ pub fn bulk_rows(w: &[u32x4], scales: &[u8], y: &mut [u32], n: u32) {
     }
 }
 
+/// Device functions from a helpers file (`tests/dsl/helpers.rs`), expanded in place: the
+/// helpers' `acc` and `total` take numbered names beside the kernel's own, the buffer and the
+/// shared array are used by their names, `warp_total`'s value lands in the kernel's `total`, and
+/// `half(total)` is `total * 0.5f` where it stands.
+#[kernel(block = 32 * WARPS, grid = n, helpers = "tests/dsl/helpers.rs")]
+pub fn helpers(#[tile(default = 2, candidates = [1, 2])] WARPS: u32, x: &[f32], y: &mut [f32], n: u32) {
+    let seen = shared::<u32, 1>();
+    if thread_idx() == 0 {
+        seen[0] = 0;
+    }
+    sync_threads();
+    let acc = x[block_idx() * 32 * WARPS + thread_idx()];
+    let total = warp_total(acc);
+    add_scaled(y, seen, acc, 2.0, block_idx());
+    sync_threads();
+    if thread_idx() == 0 {
+        y[n + block_idx()] = half(total) + seen[0] as f32;
+    }
+}
+
 /// Every example, by snapshot name. Kernels without an architecture in the name are emitted for
 /// sm_90; their text is the same for sm_121a except for the header line.
 fn all_sources() -> Vec<(&'static str, String)> {
@@ -605,6 +625,7 @@ fn all_sources() -> Vec<(&'static str, String)> {
         ("early_batch", cuda::<early_batch::Kernel>(&early_batch::Tiles::DEFAULT, Arch::Sm90)),
         ("grid_barrier", cuda::<grid_barrier::Kernel>(&grid_barrier::Tiles { blocks: 64 }, Arch::Sm90)),
         ("bulk_rows", cuda::<bulk_rows::Kernel>(&bulk_rows::Tiles {}, Arch::Sm90)),
+        ("helpers", cuda::<helpers::Kernel>(&helpers::Tiles::DEFAULT, Arch::Sm90)),
     ]
 }
 
@@ -649,13 +670,14 @@ snapshot_tests! {
     early_batch => "early_batch",
     grid_barrier => "grid_barrier",
     bulk_rows => "bulk_rows",
+    helpers => "helpers",
 }
 
 #[test]
 fn every_example_has_a_snapshot_test() {
     // The list above and all_sources() name the same examples.
     let names: Vec<&str> = all_sources().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(names.len(), 23);
+    assert_eq!(names.len(), 24);
     let mut sorted = names.clone();
     sorted.sort_unstable();
     sorted.dedup();

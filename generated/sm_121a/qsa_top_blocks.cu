@@ -92,13 +92,19 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
             }
         }
         __syncthreads();
-        const unsigned top_bin = 0x7ffu - tid * per_thread;
+        const unsigned tid_1 = tid;
+        const unsigned per_thread_1 = per_thread;
+        const unsigned prefix_1 = prefix;
+        const unsigned wanted_1 = wanted;
+        const unsigned shift_1 = shift;
+        const unsigned top_bin = 0x7ffu - tid_1 * per_thread_1;
         unsigned own = 0u;
         #pragma unroll
-        for (unsigned j = 0u; j < per_thread; ++j) {
+        for (unsigned j = 0u; j < per_thread_1; ++j) {
             own += hist[top_bin - j];
         }
-        unsigned inclusive = own;
+        const unsigned v_1 = own;
+        unsigned inclusive = v_1;
         unsigned offset = 1u;
         while (offset < 32u) {
             const unsigned y = __shfl_sync(0xffffffffu, inclusive, ((threadIdx.x & 31u) + 32u - offset) & 31u);
@@ -107,25 +113,26 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
             }
             offset = offset << 1u;
         }
+        unsigned inclusive_1 = inclusive;
         if ((threadIdx.x & 31u) == 31u) {
-            warp_totals[threadIdx.x >> 5] = inclusive;
+            warp_totals[threadIdx.x >> 5] = inclusive_1;
         }
         __syncthreads();
         for (unsigned w = 0u; w < threadIdx.x >> 5; ++w) {
-            inclusive += warp_totals[w];
+            inclusive_1 += warp_totals[w];
         }
-        const unsigned exclusive = inclusive - own;
-        if (exclusive < wanted && wanted <= inclusive) {
+        const unsigned exclusive = inclusive_1 - own;
+        if (exclusive < wanted_1 && wanted_1 <= inclusive_1) {
             unsigned above = exclusive;
             unsigned done = 0u;
             #pragma unroll
-            for (unsigned j = 0u; j < per_thread; ++j) {
+            for (unsigned j = 0u; j < per_thread_1; ++j) {
                 const unsigned bin = top_bin - j;
                 const unsigned h = hist[bin];
-                if (done == 0u && above + h >= wanted) {
-                    found[0u] = prefix | (bin << shift);
-                    found[1u] = wanted - above;
-                    found[2u] = h == wanted - above ? 1u : 0u;
+                if (done == 0u && above + h >= wanted_1) {
+                    found[0u] = prefix_1 | (bin << shift_1);
+                    found[1u] = wanted_1 - above;
+                    found[2u] = h == wanted_1 - above ? 1u : 0u;
                     done = 1u;
                 }
                 above += h;
@@ -174,28 +181,30 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
                 }
             }
         }
-        unsigned inclusive_1 = own_1;
+        const unsigned v_2 = own_1;
+        unsigned inclusive_2 = v_2;
         unsigned offset_1 = 1u;
         while (offset_1 < 32u) {
-            const unsigned y_1 = __shfl_sync(0xffffffffu, inclusive_1, ((threadIdx.x & 31u) + 32u - offset_1) & 31u);
+            const unsigned y_1 = __shfl_sync(0xffffffffu, inclusive_2, ((threadIdx.x & 31u) + 32u - offset_1) & 31u);
             if ((threadIdx.x & 31u) >= offset_1) {
-                inclusive_1 += y_1;
+                inclusive_2 += y_1;
             }
             offset_1 = offset_1 << 1u;
         }
+        unsigned inclusive_3 = inclusive_2;
         if ((threadIdx.x & 31u) == 31u) {
-            warp_totals[threadIdx.x >> 5] = inclusive_1;
+            warp_totals[threadIdx.x >> 5] = inclusive_3;
         }
         __syncthreads();
         unsigned tile_total = 0u;
         for (unsigned w = 0u; w < warps; ++w) {
             const unsigned t = warp_totals[w];
             if (w < threadIdx.x >> 5) {
-                inclusive_1 += t;
+                inclusive_3 += t;
             }
             tile_total += t;
         }
-        const unsigned exclusive_1 = inclusive_1 - own_1;
+        const unsigned exclusive_1 = inclusive_3 - own_1;
         unsigned a = above_before + (exclusive_1 & 0xffffu);
         unsigned t_1 = ties_before + (exclusive_1 >> 16u);
         #pragma unroll

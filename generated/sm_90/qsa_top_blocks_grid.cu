@@ -134,12 +134,14 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
                 atomicAdd(scratch + (pass * 2048u + b), h);
             }
         }
+        const unsigned counter = 6144u;
+        const unsigned arrival = 2u;
         __syncthreads();
-        if (tid == 0u) {
+        if (threadIdx.x == 0u) {
             __threadfence();
-            const unsigned arrived = atomicAdd(scratch + 6144u, 2u);
+            const unsigned arrived = atomicAdd(scratch + counter, arrival);
             const unsigned goal = arrived - arrived % 128u + 128u;
-            while (ld_acquire(scratch + 6144u) - goal >= 2147483648u) {
+            while (ld_acquire(scratch + counter) - goal >= 2147483648u) {
             }
         }
         __syncthreads();
@@ -148,13 +150,19 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
             hist[tid + j * 256u] = ld_cg(scratch + (pass * 2048u + tid + j * 256u));
         }
         __syncthreads();
-        const unsigned top_bin = 0x7ffu - tid * per_thread;
+        const unsigned tid_1 = tid;
+        const unsigned per_thread_1 = per_thread;
+        const unsigned prefix_1 = prefix;
+        const unsigned wanted_1 = wanted;
+        const unsigned shift_1 = shift;
+        const unsigned top_bin = 0x7ffu - tid_1 * per_thread_1;
         unsigned own = 0u;
         #pragma unroll
-        for (unsigned j = 0u; j < per_thread; ++j) {
+        for (unsigned j = 0u; j < per_thread_1; ++j) {
             own += hist[top_bin - j];
         }
-        unsigned inclusive = own;
+        const unsigned v = own;
+        unsigned inclusive = v;
         unsigned offset = 1u;
         while (offset < 32u) {
             const unsigned y = __shfl_sync(0xffffffffu, inclusive, ((threadIdx.x & 31u) + 32u - offset) & 31u);
@@ -163,25 +171,26 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
             }
             offset = offset << 1u;
         }
+        unsigned inclusive_1 = inclusive;
         if ((threadIdx.x & 31u) == 31u) {
-            warp_totals[threadIdx.x >> 5] = inclusive;
+            warp_totals[threadIdx.x >> 5] = inclusive_1;
         }
         __syncthreads();
         for (unsigned w = 0u; w < threadIdx.x >> 5; ++w) {
-            inclusive += warp_totals[w];
+            inclusive_1 += warp_totals[w];
         }
-        const unsigned exclusive = inclusive - own;
-        if (exclusive < wanted && wanted <= inclusive) {
+        const unsigned exclusive = inclusive_1 - own;
+        if (exclusive < wanted_1 && wanted_1 <= inclusive_1) {
             unsigned above = exclusive;
             unsigned done = 0u;
             #pragma unroll
-            for (unsigned j = 0u; j < per_thread; ++j) {
+            for (unsigned j = 0u; j < per_thread_1; ++j) {
                 const unsigned bin = top_bin - j;
                 const unsigned h_1 = hist[bin];
-                if (done == 0u && above + h_1 >= wanted) {
-                    found[0u] = prefix | (bin << shift);
-                    found[1u] = wanted - above;
-                    found[2u] = h_1 == wanted - above ? 1u : 0u;
+                if (done == 0u && above + h_1 >= wanted_1) {
+                    found[0u] = prefix_1 | (bin << shift_1);
+                    found[1u] = wanted_1 - above;
+                    found[2u] = h_1 == wanted_1 - above ? 1u : 0u;
                     done = 1u;
                 }
                 above += h_1;
@@ -210,37 +219,41 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
             }
         }
     }
-    unsigned inclusive_1 = own_1;
+    const unsigned v_1 = own_1;
+    unsigned inclusive_2 = v_1;
     unsigned offset_1 = 1u;
     while (offset_1 < 32u) {
-        const unsigned y_1 = __shfl_sync(0xffffffffu, inclusive_1, ((threadIdx.x & 31u) + 32u - offset_1) & 31u);
+        const unsigned y_1 = __shfl_sync(0xffffffffu, inclusive_2, ((threadIdx.x & 31u) + 32u - offset_1) & 31u);
         if ((threadIdx.x & 31u) >= offset_1) {
-            inclusive_1 += y_1;
+            inclusive_2 += y_1;
         }
         offset_1 = offset_1 << 1u;
     }
+    unsigned inclusive_3 = inclusive_2;
     if ((threadIdx.x & 31u) == 31u) {
-        warp_totals[threadIdx.x >> 5] = inclusive_1;
+        warp_totals[threadIdx.x >> 5] = inclusive_3;
     }
     __syncthreads();
     unsigned block_total = 0u;
     for (unsigned w = 0u; w < warps; ++w) {
         const unsigned t = warp_totals[w];
         if (w < threadIdx.x >> 5) {
-            inclusive_1 += t;
+            inclusive_3 += t;
         }
         block_total += t;
     }
-    const unsigned exclusive_1 = inclusive_1 - own_1;
+    const unsigned exclusive_1 = inclusive_3 - own_1;
     if (tid == 0u) {
         scratch[6176u + block] = block_total;
     }
+    const unsigned counter_1 = 6144u;
+    const unsigned arrival_1 = 2u;
     __syncthreads();
-    if (tid == 0u) {
+    if (threadIdx.x == 0u) {
         __threadfence();
-        const unsigned arrived_1 = atomicAdd(scratch + 6144u, 2u);
+        const unsigned arrived_1 = atomicAdd(scratch + counter_1, arrival_1);
         const unsigned goal_1 = arrived_1 - arrived_1 % 128u + 128u;
-        while (ld_acquire(scratch + 6144u) - goal_1 >= 2147483648u) {
+        while (ld_acquire(scratch + counter_1) - goal_1 >= 2147483648u) {
         }
     }
     __syncthreads();

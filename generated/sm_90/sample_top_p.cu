@@ -131,12 +131,14 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
         }
         scratch[10272u + block] = m;
     }
+    const unsigned counter = 10240u;
+    const unsigned arrival = 1u;
     __syncthreads();
-    if (tid == 0u) {
+    if (threadIdx.x == 0u) {
         __threadfence();
-        const unsigned arrived = atomicAdd(scratch + 10240u, 1u);
+        const unsigned arrived = atomicAdd(scratch + counter, arrival);
         const unsigned goal = arrived - arrived % 128u + 128u;
-        while (ld_acquire(scratch + 10240u) - goal >= 2147483648u) {
+        while (ld_acquire(scratch + counter) - goal >= 2147483648u) {
         }
     }
     __syncthreads();
@@ -206,12 +208,14 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
                     }
                 }
             }
+            const unsigned counter_1 = 10240u;
+            const unsigned arrival_1 = 1u;
             __syncthreads();
-            if (tid == 0u) {
+            if (threadIdx.x == 0u) {
                 __threadfence();
-                const unsigned arrived_1 = atomicAdd(scratch + 10240u, 1u);
+                const unsigned arrived_1 = atomicAdd(scratch + counter_1, arrival_1);
                 const unsigned goal_1 = arrived_1 - arrived_1 % 128u + 128u;
-                while (ld_acquire(scratch + 10240u) - goal_1 >= 2147483648u) {
+                while (ld_acquire(scratch + counter_1) - goal_1 >= 2147483648u) {
                 }
             }
             __syncthreads();
@@ -315,7 +319,8 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
             own_1 += 1u;
         }
     }
-    unsigned inclusive_1 = own_1;
+    const unsigned v = own_1;
+    unsigned inclusive_1 = v;
     unsigned offset_1 = 1u;
     while (offset_1 < 32u) {
         const unsigned y = __shfl_sync(0xffffffffu, inclusive_1, ((threadIdx.x & 31u) + 32u - offset_1) & 31u);
@@ -324,27 +329,30 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
         }
         offset_1 = offset_1 << 1u;
     }
+    unsigned inclusive_2 = inclusive_1;
     if ((threadIdx.x & 31u) == 31u) {
-        warp_count[threadIdx.x >> 5] = inclusive_1;
+        warp_count[threadIdx.x >> 5] = inclusive_2;
     }
     __syncthreads();
     unsigned block_total = 0u;
     for (unsigned w = 0u; w < warps; ++w) {
         const unsigned t_1 = warp_count[w];
         if (w < threadIdx.x >> 5) {
-            inclusive_1 += t_1;
+            inclusive_2 += t_1;
         }
         block_total += t_1;
     }
     if (tid == 0u) {
         scratch[10400u + block] = block_total;
     }
+    const unsigned counter_2 = 10240u;
+    const unsigned arrival_2 = 1u;
     __syncthreads();
-    if (tid == 0u) {
+    if (threadIdx.x == 0u) {
         __threadfence();
-        const unsigned arrived_2 = atomicAdd(scratch + 10240u, 1u);
+        const unsigned arrived_2 = atomicAdd(scratch + counter_2, arrival_2);
         const unsigned goal_2 = arrived_2 - arrived_2 % 128u + 128u;
-        while (ld_acquire(scratch + 10240u) - goal_2 >= 2147483648u) {
+        while (ld_acquire(scratch + counter_2) - goal_2 >= 2147483648u) {
         }
     }
     __syncthreads();
@@ -367,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(256) sample_top_p(
         }
     }
     __syncthreads();
-    unsigned long long t_2 = (unsigned long long)(found[2u] + inclusive_1 - own_1);
+    unsigned long long t_2 = (unsigned long long)(found[2u] + inclusive_2 - own_1);
     #pragma unroll
     for (unsigned e = 0u; e < 8u; ++e) {
         if (begin + e < end && (keys[e] & mask) == prefix) {

@@ -35,6 +35,16 @@
 //! to itself ptxas may aim for few registers and move each load back next to its use, and the
 //! bound sets the budget it schedules to instead.
 //!
+//! `#[kernel(..., helpers = "src/kernels/helpers/radix.rs")]` names a file of device functions
+//! the body calls, relative to the crate's manifest (a proc macro cannot see other items, so the
+//! kernel names the file, and the generated module includes its bytes so that cargo rebuilds on
+//! its change). They are plain `fn` items in the same subset; parameters are values (scalars and
+//! vectors, copied) or `&[T]` / `&mut [T]` taking a buffer or an array by name. Each call is
+//! expanded in place, its locals renamed as any local is: a one-expression function of values
+//! wherever it stands (the argument then takes the parameter's place, so it must have no effect),
+//! one with statements as a statement of its own or as a `let`'s value. A function sees its
+//! parameters and the kernel's tiles only, and has no early `return`.
+//!
 //! The body is a Rust subset: `let` and `let mut` (scalars, vectors, `[v; N]` local arrays,
 //! `shared::<T, N>()` shared arrays), assignment and compound assignment, `if`/`else` (also as a
 //! value), `for` over `a..b` or `(a..b).step_by(s)` with `#[unroll]` or `#[unroll(n)]`, `while`,

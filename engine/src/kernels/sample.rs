@@ -83,6 +83,7 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 #[kernel(
     block = THREADS,
     grid = BLOCKS,
+    helpers = "src/kernels/helpers/radix.rs",
     require(vocab >= 1, vocab <= BLOCKS * THREADS * 8, 2048 % THREADS == 0, 128 % BLOCKS == 0),
     cooperative,
 )]
@@ -163,17 +164,8 @@ pub fn sample_top_p(
         scratch[10272 + block] = m;
     }
 
-    // Grid barrier (the zeroed histograms and the blocks' largest keys are published past it):
-    // the block's writes, then thread 0's fence and arrival release them; its acquire load of the
-    // counter, then the block barrier, order every thread's reads after the other blocks'.
-    sync_threads();
-    if tid == 0 {
-        thread_fence();
-        let arrived = atomic_add(scratch, 10240, 128 / BLOCKS);
-        let goal = arrived - arrived % 128 + 128;
-        while load_acquire(scratch, 10240) - goal >= 0x80000000 {}
-    }
-    sync_threads();
+    // Grid barrier: the zeroed histograms and the blocks' largest keys are published past it.
+    grid_barrier(scratch, 10240, 128 / BLOCKS);
     if warp_id() == 0 {
         let mut m = 0u32;
         #[unroll]
@@ -251,14 +243,7 @@ pub fn sample_top_p(
                 }
             }
             // Grid barrier: every block's histogram is in the global one past it.
-            sync_threads();
-            if tid == 0 {
-                thread_fence();
-                let arrived = atomic_add(scratch, 10240, 128 / BLOCKS);
-                let goal = arrived - arrived % 128 + 128;
-                while load_acquire(scratch, 10240) - goal >= 0x80000000 {}
-            }
-            sync_threads();
+            grid_barrier(scratch, 10240, 128 / BLOCKS);
         }
 
         // Thread t owns bins 2047 − t·per_thread downwards; an inclusive scan over the threads
@@ -375,15 +360,7 @@ pub fn sample_top_p(
             own += 1;
         }
     }
-    let mut inclusive = own;
-    let mut offset = 1u32;
-    while offset < 32 {
-        let y = shfl(inclusive, (lane_id() + 32 - offset) & 31);
-        if lane_id() >= offset {
-            inclusive += y;
-        }
-        offset = offset << 1;
-    }
+    let mut inclusive = warp_inclusive_sum(own);
     if lane_id() == 31 {
         warp_count[warp_id()] = inclusive;
     }
@@ -400,14 +377,7 @@ pub fn sample_top_p(
         scratch[10400 + block] = block_total;
     }
     // Grid barrier: every block's count of ties is published past it.
-    sync_threads();
-    if tid == 0 {
-        thread_fence();
-        let arrived = atomic_add(scratch, 10240, 128 / BLOCKS);
-        let goal = arrived - arrived % 128 + 128;
-        while load_acquire(scratch, 10240) - goal >= 0x80000000 {}
-    }
-    sync_threads();
+    grid_barrier(scratch, 10240, 128 / BLOCKS);
     // The ties in the blocks before this one: warp 0, each lane up to four blocks.
     if warp_id() == 0 {
         let mut before = 0u32;

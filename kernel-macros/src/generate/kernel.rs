@@ -31,12 +31,22 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
     let launch_dims = super::launch::generate_launch_dims(decl);
     let (tiles_arg, args_arg) = (paths::local("tiles"), paths::local("args"));
     let cooperative = decl.launch.cooperative;
+    // The helpers file's bytes, unused: so that cargo rebuilds this kernel when the file changes
+    // (the macro read it; rustc does not know that).
+    let helpers_file = decl.launch.helpers.as_ref().map(|path| {
+        let path = path.value();
+        quote!(
+            const _: &[u8] = ::core::include_bytes!(::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #path));
+        )
+    });
     quote! {
         #(#doc_attrs)*
         #[allow(non_snake_case, non_camel_case_types, clippy::all)]
         #vis mod #name {
             #[allow(unused_imports)]
             use #launch::div_ceil;
+
+            #helpers_file
 
             #tiles
 

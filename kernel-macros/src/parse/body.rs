@@ -3,6 +3,8 @@
 //!
 //! Locals keep their Rust names; a `let` that shadows an earlier name gets a numbered one
 //! (`acc_1`), so that every C name in a kernel is unique and branches can be spliced by the folder.
+//! A call of a device function from the kernel's helpers file is expanded in place
+//! ([`Lower::inline`]); its locals are numbered the same way.
 
 use std::collections::{HashMap, HashSet};
 
@@ -12,6 +14,7 @@ use kernel_dsl::types::{Elem, Scalar, Space, Type, Vector};
 use kernel_dsl::typing;
 use quote::ToTokens;
 
+use super::helpers::{Helper, Helpers, Pass};
 use super::kernel::{ParamDecl, elem};
 use super::tiles::TileDecl;
 
@@ -22,8 +25,20 @@ pub(crate) struct Lowered {
 }
 
 /// Lowers the body of a kernel.
-pub(crate) fn lower(block: &syn::Block, tiles: &[TileDecl], params: &[ParamDecl]) -> syn::Result<Lowered> {
-    let mut cx = Lower { scopes: vec![HashMap::new()], used: HashSet::new(), loops: 0 };
+pub(crate) fn lower(
+    block: &syn::Block,
+    tiles: &[TileDecl],
+    params: &[ParamDecl],
+    helpers: &Helpers,
+) -> syn::Result<Lowered> {
+    let mut cx = Lower {
+        scopes: vec![HashMap::new()],
+        used: HashSet::new(),
+        loops: 0,
+        helpers,
+        expanding: Vec::new(),
+        stand_ins: 0,
+    };
     for t in tiles {
         let name = t.name.to_string();
         let ty = match t.ty {
@@ -57,17 +72,23 @@ struct Binding {
     kind: Kind,
 }
 
-struct Lower {
+struct Lower<'h> {
     scopes: Vec<HashMap<String, Binding>>,
     used: HashSet<String>,
     loops: usize,
+    /// The device functions the body may call.
+    helpers: &'h Helpers,
+    /// The helpers being expanded, innermost last (a helper may call another, not itself).
+    expanding: Vec<String>,
+    /// Stand-ins made for the arguments of helpers inside expressions, for unique names.
+    stand_ins: usize,
 }
 
 fn err<T>(tokens: impl ToTokens, msg: impl std::fmt::Display) -> syn::Result<T> {
     Err(syn::Error::new_spanned(tokens, msg))
 }
 
-impl Lower {
+impl<'h> Lower<'h> {
     fn bind(&mut self, rust_name: &str, b: Binding) {
         self.used.insert(b.c_name.clone());
         if let Some(scope) = self.scopes.last_mut() {
@@ -187,10 +208,21 @@ impl Lower {
         if let Some((_, d)) = &init.diverge {
             return err(d, "`let ... else` is not available in a kernel");
         }
+        // A helper's value: its body first, then the name (so that the body's locals are named
+        // before this one is).
+        let inlined = match self.helper_call(&init.expr) {
+            Some((h, c)) => match self.inline(h, c, out)? {
+                Some(v) => Some(v),
+                None => return err(&init.expr, format!("helper `{}` returns nothing", h.name)),
+            },
+            None => None,
+        };
         let c_name = self.fresh(&rust_name);
 
         // shared::<T, N>(): a shared-memory array.
-        if let Some((elem_ty, len)) = shared_call(&init.expr)? {
+        if let Some((elem_ty, len)) = shared_call(&init.expr)?
+            && inlined.is_none()
+        {
             if let Some(a) = annotation {
                 return err(a, "the type of a shared array comes from `shared::<T, N>()`");
             }
@@ -202,7 +234,9 @@ impl Lower {
         }
 
         // [fill; N]: a local array in registers.
-        if let syn::Expr::Repeat(r) = &*init.expr {
+        if let syn::Expr::Repeat(r) = &*init.expr
+            && inlined.is_none()
+        {
             let mut fill = self.expr(&r.expr)?;
             let elem_ty = match annotation {
                 Some(syn::Type::Array(a)) => elem(&a.elem)?,
@@ -221,7 +255,10 @@ impl Lower {
             return Ok(());
         }
 
-        let mut value = self.expr(&init.expr)?;
+        let mut value = match inlined {
+            Some(v) => v,
+            None => self.expr(&init.expr)?,
+        };
         let ty = match annotation {
             Some(a) => {
                 let t = elem(a)?.as_type();
@@ -344,6 +381,12 @@ impl Lower {
                     return err(v, "a kernel returns nothing");
                 }
                 out.push(Stmt::Return);
+            }
+            syn::Expr::Call(_) if self.helper_call(e).is_some() => {
+                let Some((h, c)) = self.helper_call(e) else { return Ok(()) };
+                if self.inline(h, c, out)?.is_some() {
+                    return err(e, format!("the value of helper `{}` is not used", h.name));
+                }
             }
             syn::Expr::Call(_) | syn::Expr::MethodCall(_) => {
                 let mut v = self.expr(e)?;
@@ -723,6 +766,9 @@ impl Lower {
             syn::PathArguments::AngleBracketed(a) => a.args.iter().collect(),
             syn::PathArguments::Parenthesized(p) => return err(p, "unexpected parentheses"),
         };
+        if let Some(h) = self.helpers.fns.get(&name) {
+            return self.inline_expr(h, c);
+        }
         match name.as_str() {
             "shared" => return err(c, "a shared array is declared with `let name = shared::<T, N>();`"),
             "raw_cuda" => return self.raw(c, &generics),
@@ -769,6 +815,190 @@ impl Lower {
         Ok(Expr::call(f, lowered, sig.ret))
     }
 
+    // ---- device functions of the helpers file ----
+
+    /// The helper with statements that `e` calls, if it is a plain call of one.
+    fn helper_call<'e>(&self, e: &'e syn::Expr) -> Option<(&'h Helper, &'e syn::ExprCall)> {
+        let syn::Expr::Call(c) = strip_parens(e) else { return None };
+        let syn::Expr::Path(fp) = &*c.func else { return None };
+        let id = fp.path.get_ident()?;
+        // A one-expression helper is lowered where it stands, as an expression (`call`).
+        self.helpers.fns.get(&id.to_string()).filter(|h| !h.is_expression()).map(|h| (h, c))
+    }
+
+    /// Expands a call of helper `h` into `out`: each value argument copied into a fresh local,
+    /// each reference argument aliased by name, then the helper's body lowered where it sees its
+    /// parameters and the kernel's tiles only (no caller's local, no caller's loop to `break`
+    /// from). Returns the value of its last expression when it declares one. An error inside the
+    /// body is reported at the call, with the helper named.
+    fn inline(&mut self, h: &Helper, c: &syn::ExprCall, out: &mut Vec<Stmt>) -> syn::Result<Option<Expr>> {
+        let name = h.name.to_string();
+        if self.expanding.contains(&name) {
+            return err(c, format!("helper `{name}` calls itself (helpers are expanded in place)"));
+        }
+        if c.args.len() != h.params.len() {
+            return err(c, format!("helper `{name}` takes {} arguments, {} given", h.params.len(), c.args.len()));
+        }
+        let mut scope = self.tile_scope();
+        for (p, a) in h.params.iter().zip(&c.args) {
+            let pname = p.name.to_string();
+            let binding = match p.pass {
+                Pass::Value { ty, mutable } => {
+                    let mut v = self.expr(a)?;
+                    coerce(&mut v, ty, a)?;
+                    let c_name = self.fresh(&pname);
+                    self.used.insert(c_name.clone());
+                    out.push(Stmt::Let { name: c_name.clone(), ty, mutable, init: v });
+                    Binding { c_name, ty, kind: Kind::Local { mutable } }
+                }
+                Pass::Ref { elem: want, mutable } => {
+                    let found = match strip_parens(a) {
+                        syn::Expr::Path(ap) => ap.path.get_ident().and_then(|id| self.lookup(&id.to_string())).cloned(),
+                        _ => None,
+                    };
+                    let Some(b) = found else {
+                        return err(a, format!("helper `{name}`: `{pname}` takes a buffer or an array by its name"));
+                    };
+                    let (elem_found, writable) = match (b.ty, b.kind) {
+                        (Type::Ptr { elem, mutable }, _) => (Some(elem), mutable),
+                        (Type::Array { elem, .. }, Kind::Local { mutable }) => (Some(elem), mutable),
+                        _ => (None, false),
+                    };
+                    if elem_found != Some(want) {
+                        return err(
+                            a,
+                            format!("helper `{name}`: `{pname}` takes a buffer or an array of {want}, not {}", b.ty),
+                        );
+                    }
+                    if mutable && !writable {
+                        return err(
+                            a,
+                            format!("helper `{name}`: `{pname}` writes, and this buffer or array is read-only"),
+                        );
+                    }
+                    // The helper writes only through `&mut` parameters.
+                    let (ty, kind) = match (b.ty, b.kind) {
+                        (Type::Ptr { elem, .. }, k) => (Type::Ptr { elem, mutable }, k),
+                        (t, Kind::Local { .. }) => (t, Kind::Local { mutable }),
+                        (t, k) => (t, k),
+                    };
+                    Binding { c_name: b.c_name, ty, kind }
+                }
+            };
+            scope.insert(pname, binding);
+        }
+        let scopes = std::mem::replace(&mut self.scopes, vec![scope]);
+        let loops = std::mem::replace(&mut self.loops, 0);
+        self.expanding.push(name.clone());
+        let body = self.helper_body(h, out);
+        self.expanding.pop();
+        self.loops = loops;
+        self.scopes = scopes;
+        body.map_err(|e| syn::Error::new_spanned(c, format!("in helper `{name}` ({}): {e}", self.helpers.path)))
+    }
+
+    /// A call of a helper that is one expression (`fn order_key(b: u32) -> u32 { ... }`), inside
+    /// another expression: the helper's expression with each parameter replaced by its argument.
+    /// An argument may then be evaluated more than once, so it must have no effect; a helper
+    /// with statements is called as a statement of its own or as the value of a `let` instead.
+    fn inline_expr(&mut self, h: &'h Helper, c: &syn::ExprCall) -> syn::Result<Expr> {
+        let name = h.name.to_string();
+        let (Some(ret), [syn::Stmt::Expr(body, None)]) = (h.ret, h.block.stmts.as_slice()) else {
+            return err(
+                c,
+                format!("helper `{name}` has statements: call it as a statement of its own or as the value of a `let`"),
+            );
+        };
+        if self.expanding.contains(&name) {
+            return err(c, format!("helper `{name}` calls itself (helpers are expanded in place)"));
+        }
+        if c.args.len() != h.params.len() {
+            return err(c, format!("helper `{name}` takes {} arguments, {} given", h.params.len(), c.args.len()));
+        }
+        let mut scope = self.tile_scope();
+        let mut args = Vec::new();
+        for (p, a) in h.params.iter().zip(&c.args) {
+            let Pass::Value { ty, mutable: false } = p.pass else {
+                return err(a, format!("helper `{name}` inside an expression takes values, not `mut` or references"));
+            };
+            let mut v = self.expr(a)?;
+            coerce(&mut v, ty, a)?;
+            let mut effect = false;
+            v.visit(&mut |e| {
+                effect |=
+                    matches!(&e.kind, ExprKind::Call(f, _) if f.has_effect()) || matches!(e.kind, ExprKind::Raw(..))
+            });
+            if effect {
+                return err(
+                    a,
+                    format!(
+                        "an argument of helper `{name}` inside an expression may be evaluated more than once, so it has no effect"
+                    ),
+                );
+            }
+            // A name no Rust identifier can take, replaced by the argument below.
+            let stand_in = format!("{name} argument {}", self.stand_ins);
+            self.stand_ins += 1;
+            scope.insert(
+                p.name.to_string(),
+                Binding { c_name: stand_in.clone(), ty, kind: Kind::Local { mutable: false } },
+            );
+            args.push((stand_in, v));
+        }
+        let scopes = std::mem::replace(&mut self.scopes, vec![scope]);
+        self.expanding.push(name.clone());
+        let value = self.expr(body).and_then(|mut v| coerce(&mut v, ret, body).map(|()| v));
+        self.expanding.pop();
+        self.scopes = scopes;
+        let mut value = value
+            .map_err(|e| syn::Error::new_spanned(c, format!("in helper `{name}` ({}): {e}", self.helpers.path)))?;
+        substitute(&mut value, &args);
+        Ok(value)
+    }
+
+    /// The kernel's tiles, the only names of the kernel a helper sees.
+    fn tile_scope(&self) -> HashMap<String, Binding> {
+        match self.scopes.first() {
+            Some(kernel) => {
+                kernel.iter().filter(|(_, b)| b.kind == Kind::Tile).map(|(n, b)| (n.clone(), b.clone())).collect()
+            }
+            None => HashMap::new(),
+        }
+    }
+
+    /// A helper's statements into `out`, and the value of its last expression if it returns one.
+    fn helper_body(&mut self, h: &Helper, out: &mut Vec<Stmt>) -> syn::Result<Option<Expr>> {
+        let stmts = &h.block.stmts;
+        let (init, last) = match (h.ret, stmts.split_last()) {
+            (Some(_), Some((syn::Stmt::Expr(e, None), init))) => (init, Some(e)),
+            (Some(_), _) => return err(&h.block, "a helper with `-> T` ends with the value it returns"),
+            (None, _) => (&stmts[..], None),
+        };
+        let mut body = Vec::new();
+        for s in init {
+            self.stmt(s, &mut body)?;
+        }
+        let mut early = false;
+        for s in &body {
+            s.visit(&mut |s| early |= matches!(s, Stmt::Return));
+        }
+        if early {
+            return err(
+                &h.block,
+                "a helper has no `return`: it is expanded into the kernel, where it would end the thread",
+            );
+        }
+        out.extend(body);
+        match (h.ret, last) {
+            (Some(ret), Some(e)) => {
+                let mut v = self.expr(e)?;
+                coerce(&mut v, ret, e)?;
+                Ok(Some(v))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// `raw_cuda::<T>("text with {0} {1}", a, b)`: CUDA the DSL lacks, typed by the caller.
     fn raw(&mut self, c: &syn::ExprCall, generics: &[&syn::GenericArgument]) -> syn::Result<Expr> {
         let ty = match generics {
@@ -793,6 +1023,29 @@ impl Lower {
             }
         }
         Ok(Expr::new(ExprKind::Raw(text, lowered), ty))
+    }
+}
+
+/// Replaces each stand-in variable of `args` in `e` by its argument.
+fn substitute(e: &mut Expr, args: &[(String, Expr)]) {
+    match &mut e.kind {
+        ExprKind::Var(name) => {
+            if let Some((_, a)) = args.iter().find(|(n, _)| n == name) {
+                *e = a.clone();
+            }
+        }
+        ExprKind::Lit(_) | ExprKind::Tile(_) => {}
+        ExprKind::Unary(_, a) | ExprKind::Cast(a) | ExprKind::Lane(a, _) => substitute(a, args),
+        ExprKind::Binary(_, a, b) | ExprKind::Index(a, b) => {
+            substitute(a, args);
+            substitute(b, args);
+        }
+        ExprKind::Select(c, a, b) => {
+            substitute(c, args);
+            substitute(a, args);
+            substitute(b, args);
+        }
+        ExprKind::Call(_, xs) | ExprKind::Raw(_, xs) => xs.iter_mut().for_each(|x| substitute(x, args)),
     }
 }
 

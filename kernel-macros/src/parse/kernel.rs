@@ -91,7 +91,11 @@ pub(crate) fn parse(attr: TokenStream, item: TokenStream) -> syn::Result<KernelD
         }
     }
     let launch = launch::parse(attr, &launch::Scope { tiles: &tile_names, scalars: &scalar_names })?;
-    let lowered = super::body::lower(&f.block, &tiles, &params)?;
+    let helpers = match &launch.helpers {
+        Some(path) => super::helpers::load(path)?,
+        None => super::helpers::Helpers::none(),
+    };
+    let lowered = super::body::lower(&f.block, &tiles, &params, &helpers)?;
     let ir_params = params.iter().zip(lowered.param_names).map(|(p, name)| Param { name, ty: p.ty }).collect();
 
     let doc = f

@@ -1,6 +1,7 @@
 //! The `#[kernel(...)]` attribute: the block size (from tiles alone), the grid (from tiles and
-//! scalar arguments), the requirements, which are checked before any launch, and `cooperative`
-//! for a kernel whose blocks wait for each other (every launch then a cooperative one).
+//! scalar arguments), the requirements, which are checked before any launch, `cooperative` for a
+//! kernel whose blocks wait for each other (every launch then a cooperative one), and `helpers`,
+//! the file of device functions the body calls (`super::helpers`).
 
 use std::collections::BTreeSet;
 
@@ -30,6 +31,8 @@ pub(crate) struct LaunchDecl {
     /// `cooperative`: the blocks meet at software grid barriers, so they must all be resident at
     /// once; the launch asks the driver to guarantee it.
     pub(crate) cooperative: bool,
+    /// `helpers = "path"`: the file of device functions the body calls.
+    pub(crate) helpers: Option<syn::LitStr>,
 }
 
 /// The names a launch expression may read.
@@ -45,6 +48,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
     let mut min_blocks = None;
     let mut requires = Vec::new();
     let mut cooperative = false;
+    let mut helpers = None;
     for meta in metas {
         match meta {
             Meta::NameValue(nv) if nv.path.is_ident("block") => {
@@ -87,6 +91,15 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
                     requires.push(Requirement { expr, names, tiles_only });
                 }
             }
+            Meta::NameValue(nv) if nv.path.is_ident("helpers") => {
+                let Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(path), .. }) = nv.value else {
+                    return Err(syn::Error::new_spanned(&nv.value, "`helpers` is a path in a string literal"));
+                };
+                if helpers.is_some() {
+                    return Err(syn::Error::new_spanned(&nv.path, "`helpers` is given twice"));
+                }
+                helpers = Some(path);
+            }
             Meta::Path(p) if p.is_ident("cooperative") => {
                 if cooperative {
                     return Err(syn::Error::new_spanned(p, "`cooperative` is given twice"));
@@ -96,7 +109,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
             other => {
                 return Err(syn::Error::new_spanned(
                     other,
-                    "expected `block = ...`, `grid = ...`, `min_blocks = ...`, `require(...)` or `cooperative` in #[kernel(...)]",
+                    "expected `block = ...`, `grid = ...`, `min_blocks = ...`, `require(...)`, `cooperative` or `helpers = \"path\"` in #[kernel(...)]",
                 ));
             }
         }
@@ -109,6 +122,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
         min_blocks,
         requires,
         cooperative,
+        helpers,
     })
 }
 

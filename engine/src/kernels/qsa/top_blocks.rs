@@ -24,6 +24,7 @@ use kernel_macros::kernel;
 #[kernel(
     block = THREADS,
     grid = 1,
+    helpers = "src/kernels/helpers/radix.rs",
     require(capacity % 4 == 0, top >= 1, 2048 % THREADS == 0),
 )]
 pub fn qsa_top_blocks(
@@ -80,10 +81,10 @@ pub fn qsa_top_blocks(
         for i in (tid * 4..n).step_by(4 * THREADS) {
             let v = load_vec::<f32x4>(scores, i);
             let (b0, b1, b2, b3) = (v.x.to_bits(), v.y.to_bits(), v.z.to_bits(), v.w.to_bits());
-            let k0 = b0 ^ (if b0 >= 0x80000000 { u32::MAX } else { 0x80000000 });
-            let k1 = b1 ^ (if b1 >= 0x80000000 { u32::MAX } else { 0x80000000 });
-            let k2 = b2 ^ (if b2 >= 0x80000000 { u32::MAX } else { 0x80000000 });
-            let k3 = b3 ^ (if b3 >= 0x80000000 { u32::MAX } else { 0x80000000 });
+            let k0 = order_key(b0);
+            let k1 = order_key(b1);
+            let k2 = order_key(b2);
+            let k3 = order_key(b3);
             if (k0 & mask) == prefix {
                 atomic_add(hist, (k0 >> shift) & digit_mask, 1);
             }
@@ -99,47 +100,7 @@ pub fn qsa_top_blocks(
         }
         sync_threads();
 
-        // Thread t owns bins 2047 − t·per_thread downwards; an inclusive scan over the threads
-        // counts the matching keys in every bin from the top down to the end of t's bins.
-        let top_bin = 2047 - tid * per_thread;
-        let mut own = 0u32;
-        #[unroll]
-        for j in 0..per_thread {
-            own += hist[top_bin - j];
-        }
-        let mut inclusive = own;
-        let mut offset = 1u32;
-        while offset < 32 {
-            let y = shfl(inclusive, (lane_id() + 32 - offset) & 31);
-            if lane_id() >= offset {
-                inclusive += y;
-            }
-            offset = offset << 1;
-        }
-        if lane_id() == 31 {
-            warp_totals[warp_id()] = inclusive;
-        }
-        sync_threads();
-        for w in 0..warp_id() {
-            inclusive += warp_totals[w];
-        }
-        let exclusive = inclusive - own;
-        if exclusive < wanted && wanted <= inclusive {
-            let mut above = exclusive;
-            let mut done = 0u32;
-            #[unroll]
-            for j in 0..per_thread {
-                let bin = top_bin - j;
-                let h = hist[bin];
-                if done == 0 && above + h >= wanted {
-                    found[0] = prefix | (bin << shift);
-                    found[1] = wanted - above;
-                    found[2] = if h == wanted - above { 1 } else { 0 };
-                    done = 1;
-                }
-                above += h;
-            }
-        }
+        find_digit(hist, warp_totals, found, tid, per_thread, prefix, wanted, shift);
         sync_threads();
         prefix = found[0];
         wanted = found[1];
@@ -169,10 +130,10 @@ pub fn qsa_top_blocks(
                 x = load_vec::<f32x4>(scores, i);
             }
             let (b0, b1, b2, b3) = (x.x.to_bits(), x.y.to_bits(), x.z.to_bits(), x.w.to_bits());
-            keys[4 * v] = (b0 ^ (if b0 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
-            keys[4 * v + 1] = (b1 ^ (if b1 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
-            keys[4 * v + 2] = (b2 ^ (if b2 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
-            keys[4 * v + 3] = (b3 ^ (if b3 >= 0x80000000 { u32::MAX } else { 0x80000000 })) & mask;
+            keys[4 * v] = order_key(b0) & mask;
+            keys[4 * v + 1] = order_key(b1) & mask;
+            keys[4 * v + 2] = order_key(b2) & mask;
+            keys[4 * v + 3] = order_key(b3) & mask;
         }
         let mut own = 0u32;
         #[unroll]
@@ -185,15 +146,7 @@ pub fn qsa_top_blocks(
                 }
             }
         }
-        let mut inclusive = own;
-        let mut offset = 1u32;
-        while offset < 32 {
-            let y = shfl(inclusive, (lane_id() + 32 - offset) & 31);
-            if lane_id() >= offset {
-                inclusive += y;
-            }
-            offset = offset << 1;
-        }
+        let mut inclusive = warp_inclusive_sum(own);
         if lane_id() == 31 {
             warp_totals[warp_id()] = inclusive;
         }

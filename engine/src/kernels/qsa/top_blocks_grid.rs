@@ -58,6 +58,7 @@ pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_COUNTS + MAX_BLOCKS;
 #[kernel(
     block = THREADS,
     grid = BLOCKS,
+    helpers = "src/kernels/helpers/radix.rs",
     require(
         top >= 1,
         2048 % THREADS == 0,
@@ -116,7 +117,7 @@ pub fn qsa_top_blocks_grid(
     for e in 0..keys_max {
         if begin + e < end {
             let b = scores[begin + e].to_bits();
-            keys[e] = b ^ (if b >= 0x80000000 { u32::MAX } else { 0x80000000 });
+            keys[e] = order_key(b);
         }
     }
 
@@ -151,66 +152,15 @@ pub fn qsa_top_blocks_grid(
             }
         }
 
-        // Grid barrier: every block's counts are in the global histogram past it. The block's
-        // atomics, then (after the block barrier) thread 0's fence and arrival release them; its
-        // acquire load of the counter, then the block barrier, order every thread's reads after
-        // the other blocks' releases.
-        sync_threads();
-        if tid == 0 {
-            thread_fence();
-            let arrived = atomic_add(scratch, 6144, 128 / BLOCKS);
-            let goal = arrived - arrived % 128 + 128;
-            // Until the counter reaches the goal (a wrapping difference: u32 wrap-around is fine).
-            while load_acquire(scratch, 6144) - goal >= 0x80000000 {}
-        }
-        sync_threads();
+        // Grid barrier: every block's counts are in the global histogram past it.
+        grid_barrier(scratch, 6144, 128 / BLOCKS);
         #[unroll]
         for j in 0..per_thread {
             hist[tid + j * THREADS] = load_cg(scratch, pass * 2048 + tid + j * THREADS);
         }
         sync_threads();
 
-        // Thread t owns bins 2047 − t·per_thread downwards; an inclusive scan over the threads
-        // counts the matching keys in every bin from the top down to the end of t's bins.
-        let top_bin = 2047 - tid * per_thread;
-        let mut own = 0u32;
-        #[unroll]
-        for j in 0..per_thread {
-            own += hist[top_bin - j];
-        }
-        let mut inclusive = own;
-        let mut offset = 1u32;
-        while offset < 32 {
-            let y = shfl(inclusive, (lane_id() + 32 - offset) & 31);
-            if lane_id() >= offset {
-                inclusive += y;
-            }
-            offset = offset << 1;
-        }
-        if lane_id() == 31 {
-            warp_totals[warp_id()] = inclusive;
-        }
-        sync_threads();
-        for w in 0..warp_id() {
-            inclusive += warp_totals[w];
-        }
-        let exclusive = inclusive - own;
-        if exclusive < wanted && wanted <= inclusive {
-            let mut above = exclusive;
-            let mut done = 0u32;
-            #[unroll]
-            for j in 0..per_thread {
-                let bin = top_bin - j;
-                let h = hist[bin];
-                if done == 0 && above + h >= wanted {
-                    found[0] = prefix | (bin << shift);
-                    found[1] = wanted - above;
-                    found[2] = if h == wanted - above { 1 } else { 0 };
-                    done = 1;
-                }
-                above += h;
-            }
-        }
+        find_digit(hist, warp_totals, found, tid, per_thread, prefix, wanted, shift);
         sync_threads();
         prefix = found[0];
         wanted = found[1];
@@ -238,15 +188,7 @@ pub fn qsa_top_blocks_grid(
             }
         }
     }
-    let mut inclusive = own;
-    let mut offset = 1u32;
-    while offset < 32 {
-        let y = shfl(inclusive, (lane_id() + 32 - offset) & 31);
-        if lane_id() >= offset {
-            inclusive += y;
-        }
-        offset = offset << 1;
-    }
+    let mut inclusive = warp_inclusive_sum(own);
     if lane_id() == 31 {
         warp_totals[warp_id()] = inclusive;
     }
@@ -265,14 +207,7 @@ pub fn qsa_top_blocks_grid(
     }
 
     // Grid barrier: every block's counts are published past it.
-    sync_threads();
-    if tid == 0 {
-        thread_fence();
-        let arrived = atomic_add(scratch, 6144, 128 / BLOCKS);
-        let goal = arrived - arrived % 128 + 128;
-        while load_acquire(scratch, 6144) - goal >= 0x80000000 {}
-    }
-    sync_threads();
+    grid_barrier(scratch, 6144, 128 / BLOCKS);
 
     // The keys above and the ties in the blocks before this one: warp 0, each lane up to four
     // blocks (BLOCKS ≤ 128), then a butterfly over the lanes.
