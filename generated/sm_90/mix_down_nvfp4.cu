@@ -190,26 +190,31 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
         }
     }
     __shared__ __align__(16) float scratch[5];
+    const unsigned pieces = 2u;
+    const unsigned d_1 = d;
+    const float omega_1 = omega;
+    const bool post_1 = post;
+    const float lift_1 = lift;
     float sq = 0.0f;
     #pragma unroll
-    for (unsigned t = 0u; t < 2u; ++t) {
+    for (unsigned t = 0u; t < pieces; ++t) {
         const unsigned i_2 = (threadIdx.x + t * 32u * 5u) * 8u;
-        if (i_2 < d) {
+        if (i_2 < d_1) {
             const uint4 xv = xbuf[t];
             float2 x0 = bf16x2_to_float2(xv.x);
             float2 x1 = bf16x2_to_float2(xv.y);
             float2 x2 = bf16x2_to_float2(xv.z);
             float2 x3 = bf16x2_to_float2(xv.w);
-            if (post) {
+            if (post_1) {
                 const uint4 yv = ybuf[t];
                 const float2 y0 = bf16x2_to_float2(yv.x);
                 const float2 y1 = bf16x2_to_float2(yv.y);
                 const float2 y2 = bf16x2_to_float2(yv.z);
                 const float2 y3 = bf16x2_to_float2(yv.w);
-                x0 = bf16x2_to_float2(pack_bf16x2(fmaf(omega, y0.x, x0.x), fmaf(omega, y0.y, x0.y)));
-                x1 = bf16x2_to_float2(pack_bf16x2(fmaf(omega, y1.x, x1.x), fmaf(omega, y1.y, x1.y)));
-                x2 = bf16x2_to_float2(pack_bf16x2(fmaf(omega, y2.x, x2.x), fmaf(omega, y2.y, x2.y)));
-                x3 = bf16x2_to_float2(pack_bf16x2(fmaf(omega, y3.x, x3.x), fmaf(omega, y3.y, x3.y)));
+                x0 = bf16x2_to_float2(pack_bf16x2(fmaf(omega_1, y0.x, x0.x), fmaf(omega_1, y0.y, x0.y)));
+                x1 = bf16x2_to_float2(pack_bf16x2(fmaf(omega_1, y1.x, x1.x), fmaf(omega_1, y1.y, x1.y)));
+                x2 = bf16x2_to_float2(pack_bf16x2(fmaf(omega_1, y2.x, x2.x), fmaf(omega_1, y2.y, x2.y)));
+                x3 = bf16x2_to_float2(pack_bf16x2(fmaf(omega_1, y3.x, x3.x), fmaf(omega_1, y3.y, x3.y)));
             }
             sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
             sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
@@ -219,20 +224,21 @@ extern "C" __global__ void __launch_bounds__(160) mix_down_nvfp4(
             const float2 w2 = bf16x2_to_float2(wv.z);
             const float2 w3 = bf16x2_to_float2(wv.w);
             const float4 a = make_float4(
-                (1.0f + w0.x) * lift,
-                (1.0f + w0.y) * lift,
-                (1.0f + w1.x) * lift,
-                (1.0f + w1.y) * lift);
+                (1.0f + w0.x) * lift_1,
+                (1.0f + w0.y) * lift_1,
+                (1.0f + w1.x) * lift_1,
+                (1.0f + w1.y) * lift_1);
             const float4 b = make_float4(
-                (1.0f + w2.x) * lift,
-                (1.0f + w2.y) * lift,
-                (1.0f + w3.x) * lift,
-                (1.0f + w3.y) * lift);
+                (1.0f + w2.x) * lift_1,
+                (1.0f + w2.y) * lift_1,
+                (1.0f + w3.x) * lift_1,
+                (1.0f + w3.y) * lift_1);
             *reinterpret_cast<float4*>(h + i_2) = make_float4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w);
             *reinterpret_cast<float4*>(h + (i_2 + 4u)) = make_float4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w);
         }
     }
-    const float factor = rsqrtf(block_sum(sq, scratch) / (float)d + eps);
+    const float sq_1 = sq;
+    const float factor = rsqrtf(block_sum(sq_1, scratch) / (float)d + eps);
     float acc[2] = {};
     #pragma unroll
     for (unsigned c = 0u; c < 5u; ++c) {

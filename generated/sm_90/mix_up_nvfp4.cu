@@ -148,30 +148,34 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
     }
     const unsigned rows = rank + inject;
     __shared__ __align__(16) float u[320];
+    const unsigned n_1 = n;
+    const unsigned rank_1 = rank;
+    const unsigned rows_1 = rows;
+    const float lift_1 = lift;
     const unsigned ra = threadIdx.x;
     const unsigned rb = threadIdx.x + 320u;
     float va = 0.0f;
     float vb = 0.0f;
     #pragma unroll 4
-    for (unsigned i = 0u; i < n; ++i) {
-        if (ra < rows) {
-            va += ld_cg(partial + (i * rows + ra));
+    for (unsigned i = 0u; i < n_1; ++i) {
+        if (ra < rows_1) {
+            va += ld_cg(partial + (i * rows_1 + ra));
         }
-        if (rb < rows) {
-            vb += ld_cg(partial + (i * rows + rb));
+        if (rb < rows_1) {
+            vb += ld_cg(partial + (i * rows_1 + rb));
         }
     }
-    va = va / (float)n;
-    vb = vb / (float)n;
-    if (ra < rank) {
-        u[ra] = silu(va) * lift;
-    } else if (ra < rows && blockIdx.x == 0u) {
-        gains[ra - rank] = 2.0f * sigmoid(va);
+    va = va / (float)n_1;
+    vb = vb / (float)n_1;
+    if (ra < rank_1) {
+        u[ra] = silu(va) * lift_1;
+    } else if (ra < rows_1 && blockIdx.x == 0u) {
+        gains[ra - rank_1] = 2.0f * sigmoid(va);
     }
-    if (rb < rank) {
-        u[rb] = silu(vb) * lift;
-    } else if (rb < rows && blockIdx.x == 0u) {
-        gains[rb - rank] = 2.0f * sigmoid(vb);
+    if (rb < rank_1) {
+        u[rb] = silu(vb) * lift_1;
+    } else if (rb < rows_1 && blockIdx.x == 0u) {
+        gains[rb - rank_1] = 2.0f * sigmoid(vb);
     }
     __syncthreads();
     float acc = 0.0f;
@@ -207,30 +211,42 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_nvfp4(
             acc = fmaf(b, sbuf[c], acc);
         }
     }
+    const float acc_1 = acc;
+    const float global_1 = global;
+    const float stream_value_1 = stream_value;
+    const float norm_scale_1 = norm_scale;
+    const bool active_1 = active;
+    const unsigned lane_1 = lane;
+    const unsigned n_2 = n;
+    const unsigned s_1 = s;
+    const unsigned j_1 = j;
+    const unsigned row_1 = row;
+    const bool post_1 = post;
+    float dot = acc_1;
     #pragma unroll
     for (unsigned i = 0u; i < 5u; ++i) {
         const unsigned offset = 16u >> i;
         if (offset < 4u) {
-            acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+            dot += __shfl_xor_sync(0xffffffffu, dot, offset);
         }
     }
     float term = 0.0f;
-    if (active) {
-        term = sigmoid(acc * global) * (stream_value * norm_scale);
+    if (active_1) {
+        term = sigmoid(dot * global_1) * (stream_value_1 * norm_scale_1);
     }
     #pragma unroll
     for (unsigned i = 0u; i < 5u; ++i) {
         const unsigned offset_1 = 16u >> i;
-        if (offset_1 >= 4u && offset_1 < n * 4u) {
+        if (offset_1 >= 4u && offset_1 < n_2 * 4u) {
             term += __shfl_xor_sync(0xffffffffu, term, offset_1);
         }
     }
-    if (active && lane == 0u) {
-        if (post) {
-            residual[row] = f32_to_bf16(stream_value);
+    if (active_1 && lane_1 == 0u) {
+        if (post_1) {
+            residual[row_1] = f32_to_bf16(stream_value_1);
         }
-        if (s == 0u) {
-            x[j] = f32_to_bf16(term / (float)n);
+        if (s_1 == 0u) {
+            x[j_1] = f32_to_bf16(term / (float)n_2);
         }
     }
 }

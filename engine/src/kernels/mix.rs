@@ -49,6 +49,7 @@ use kernel_macros::kernel;
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rank + inject, WARPS * ROWS), n),
+    helpers = "src/kernels/helpers/mix.rs",
     require(ROWS * CHUNKS * WARPS <= 100, d % 8 == 0, d <= 256 * CHUNKS),
 )]
 pub fn mix_down_bf16(
@@ -120,38 +121,7 @@ pub fn mix_down_bf16(
         }
     }
     let scratch = shared::<f32, WARPS>();
-    let mut sq = 0.0;
-    #[unroll]
-    for t in 0..(CHUNKS + WARPS - 1) / WARPS {
-        let i = (thread_idx() + t * 32 * WARPS) * 8;
-        if i < d {
-            let xv = xbuf[t];
-            let mut x0 = bf16x2_to_f32x2(xv.x);
-            let mut x1 = bf16x2_to_f32x2(xv.y);
-            let mut x2 = bf16x2_to_f32x2(xv.z);
-            let mut x3 = bf16x2_to_f32x2(xv.w);
-            if post {
-                // The previous block's write, rounded to bf16 as the streams are stored.
-                let yv = ybuf[t];
-                let (y0, y1) = (bf16x2_to_f32x2(yv.x), bf16x2_to_f32x2(yv.y));
-                let (y2, y3) = (bf16x2_to_f32x2(yv.z), bf16x2_to_f32x2(yv.w));
-                x0 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y0.x, x0.x), fma(omega, y0.y, x0.y)));
-                x1 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y1.x, x1.x), fma(omega, y1.y, x1.y)));
-                x2 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y2.x, x2.x), fma(omega, y2.y, x2.y)));
-                x3 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y3.x, x3.x), fma(omega, y3.y, x3.y)));
-            }
-            sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
-            sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
-            // `1 + w`, from the norm loaded before the wait.
-            let wv = nbuf[t];
-            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-            let a = f32x4(1.0 + w0.x, 1.0 + w0.y, 1.0 + w1.x, 1.0 + w1.y);
-            let b = f32x4(1.0 + w2.x, 1.0 + w2.y, 1.0 + w3.x, 1.0 + w3.y);
-            store_vec(h, i, f32x4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w));
-            store_vec(h, i + 4, f32x4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w));
-        }
-    }
+    let sq = stage_stream(h, xbuf, ybuf, nbuf, (CHUNKS + WARPS - 1) / WARPS, d, omega, post, 1.0);
     // The block sum's barriers also publish h to the whole block.
     let factor = rsqrt(block_sum(sq, scratch) / d as f32 + eps);
 
@@ -214,6 +184,7 @@ pub fn mix_down_bf16(
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(n * d, WARPS * (32 / LANES)),
+    helpers = "src/kernels/helpers/mix.rs",
     require(
         LANES * CHUNKS == 40,
         WARPS * CHUNKS <= 100,
@@ -280,31 +251,7 @@ pub fn mix_up_bf16(
     // partials of both in flight together, added in stream order.
     let rows = rank + inject;
     let u = shared::<f32, { 8 * LANES * CHUNKS }>();
-    let ra = thread_idx();
-    let rb = thread_idx() + 32 * WARPS;
-    let mut va = 0.0;
-    let mut vb = 0.0;
-    #[unroll(4)]
-    for i in 0..n {
-        if ra < rows {
-            va += load_cg(partial, i * rows + ra);
-        }
-        if rb < rows {
-            vb += load_cg(partial, i * rows + rb);
-        }
-    }
-    va = va / n as f32;
-    vb = vb / n as f32;
-    if ra < rank {
-        u[ra] = silu(va);
-    } else if ra < rows && block_idx() == 0 {
-        gains[ra - rank] = 2.0 * sigmoid(va);
-    }
-    if rb < rank {
-        u[rb] = silu(vb);
-    } else if rb < rows && block_idx() == 0 {
-        gains[rb - rank] = 2.0 * sigmoid(vb);
-    }
+    u_from_partials(u, gains, partial, n, rank, rows, 1.0);
     sync_threads();
 
     let mut acc = 0.0;
@@ -327,37 +274,7 @@ pub fn mix_up_bf16(
             acc = fma(a3.y, ub.w, acc);
         }
     }
-    // The row's dot product over its LANES lanes (offsets below LANES stay inside the group).
-    #[unroll]
-    for i in 0..5 {
-        let offset = 16 >> i;
-        if offset < LANES {
-            acc += shfl_xor(acc, offset);
-        }
-    }
-
-    let mut term = 0.0;
-    if active {
-        term = sigmoid(acc) * (stream_value * norm_scale);
-    }
-    // Σ over the n groups of column j: adjacent groups, offsets LANES .. n·LANES/2 (n is a power of
-    // two and n·LANES divides 32, so the sum stays inside the column's lanes; the same on every
-    // lane of the warp, so every lane takes part in every shuffle).
-    #[unroll]
-    for i in 0..5 {
-        let offset = 16 >> i;
-        if offset >= LANES && offset < n * LANES {
-            term += shfl_xor(term, offset);
-        }
-    }
-    if active && lane == 0 {
-        if post {
-            residual[row] = stream_value as bf16;
-        }
-        if s == 0 {
-            x[j] = (term / n as f32) as bf16;
-        }
-    }
+    write_mix(residual, x, acc, 1.0, stream_value, norm_scale, active, lane, n, s, j, row, post);
 }
 
 /// Launch 1 with NVFP4 weights: the partials of [`mix_down_bf16`], the stacked projection in
@@ -379,6 +296,7 @@ pub fn mix_up_bf16(
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rank + inject, WARPS * ROWS), n),
+    helpers = "src/kernels/helpers/mix.rs",
     require(ROWS * CHUNKS * WARPS <= 100, d % 16 == 0, d <= 512 * CHUNKS),
 )]
 pub fn mix_down_nvfp4(
@@ -461,37 +379,7 @@ pub fn mix_down_nvfp4(
         }
     }
     let scratch = shared::<f32, WARPS>();
-    let mut sq = 0.0;
-    #[unroll]
-    for t in 0..(2 * CHUNKS + WARPS - 1) / WARPS {
-        let i = (thread_idx() + t * 32 * WARPS) * 8;
-        if i < d {
-            let xv = xbuf[t];
-            let mut x0 = bf16x2_to_f32x2(xv.x);
-            let mut x1 = bf16x2_to_f32x2(xv.y);
-            let mut x2 = bf16x2_to_f32x2(xv.z);
-            let mut x3 = bf16x2_to_f32x2(xv.w);
-            if post {
-                let yv = ybuf[t];
-                let (y0, y1) = (bf16x2_to_f32x2(yv.x), bf16x2_to_f32x2(yv.y));
-                let (y2, y3) = (bf16x2_to_f32x2(yv.z), bf16x2_to_f32x2(yv.w));
-                x0 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y0.x, x0.x), fma(omega, y0.y, x0.y)));
-                x1 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y1.x, x1.x), fma(omega, y1.y, x1.y)));
-                x2 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y2.x, x2.x), fma(omega, y2.y, x2.y)));
-                x3 = bf16x2_to_f32x2(pack_bf16x2(fma(omega, y3.x, x3.x), fma(omega, y3.y, x3.y)));
-            }
-            sq += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y;
-            sq += x2.x * x2.x + x2.y * x2.y + x3.x * x3.x + x3.y * x3.y;
-            // `1 + w`, lifted (see above), from the norm loaded before the wait.
-            let wv = nbuf[t];
-            let (w0, w1) = (bf16x2_to_f32x2(wv.x), bf16x2_to_f32x2(wv.y));
-            let (w2, w3) = (bf16x2_to_f32x2(wv.z), bf16x2_to_f32x2(wv.w));
-            let a = f32x4((1.0 + w0.x) * lift, (1.0 + w0.y) * lift, (1.0 + w1.x) * lift, (1.0 + w1.y) * lift);
-            let b = f32x4((1.0 + w2.x) * lift, (1.0 + w2.y) * lift, (1.0 + w3.x) * lift, (1.0 + w3.y) * lift);
-            store_vec(h, i, f32x4(x0.x * a.x, x0.y * a.y, x1.x * a.z, x1.y * a.w));
-            store_vec(h, i + 4, f32x4(x2.x * b.x, x2.y * b.y, x3.x * b.z, x3.y * b.w));
-        }
-    }
+    let sq = stage_stream(h, xbuf, ybuf, nbuf, (2 * CHUNKS + WARPS - 1) / WARPS, d, omega, post, lift);
     // The block sum's barriers also publish h to the whole block.
     let factor = rsqrt(block_sum(sq, scratch) / d as f32 + eps);
 
@@ -556,6 +444,7 @@ pub fn mix_down_nvfp4(
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(n * d, WARPS * (32 / LANES)),
+    helpers = "src/kernels/helpers/mix.rs",
     require(
         LANES * CHUNKS == 20,
         WARPS * CHUNKS <= 100,
@@ -631,31 +520,7 @@ pub fn mix_up_nvfp4(
     // u and the gains from the streams' partials, as in the bf16 kernel.
     let rows = rank + inject;
     let u = shared::<f32, { 16 * LANES * CHUNKS }>();
-    let ra = thread_idx();
-    let rb = thread_idx() + 32 * WARPS;
-    let mut va = 0.0;
-    let mut vb = 0.0;
-    #[unroll(4)]
-    for i in 0..n {
-        if ra < rows {
-            va += load_cg(partial, i * rows + ra);
-        }
-        if rb < rows {
-            vb += load_cg(partial, i * rows + rb);
-        }
-    }
-    va = va / n as f32;
-    vb = vb / n as f32;
-    if ra < rank {
-        u[ra] = silu(va) * lift;
-    } else if ra < rows && block_idx() == 0 {
-        gains[ra - rank] = 2.0 * sigmoid(va);
-    }
-    if rb < rank {
-        u[rb] = silu(vb) * lift;
-    } else if rb < rows && block_idx() == 0 {
-        gains[rb - rank] = 2.0 * sigmoid(vb);
-    }
+    u_from_partials(u, gains, partial, n, rank, rows, lift);
     sync_threads();
 
     let mut acc = 0.0;
@@ -687,31 +552,5 @@ pub fn mix_up_nvfp4(
             acc = fma(b, sbuf[c], acc);
         }
     }
-    #[unroll]
-    for i in 0..5 {
-        let offset = 16 >> i;
-        if offset < LANES {
-            acc += shfl_xor(acc, offset);
-        }
-    }
-
-    let mut term = 0.0;
-    if active {
-        term = sigmoid(acc * global) * (stream_value * norm_scale);
-    }
-    #[unroll]
-    for i in 0..5 {
-        let offset = 16 >> i;
-        if offset >= LANES && offset < n * LANES {
-            term += shfl_xor(term, offset);
-        }
-    }
-    if active && lane == 0 {
-        if post {
-            residual[row] = stream_value as bf16;
-        }
-        if s == 0 {
-            x[j] = (term / n as f32) as bf16;
-        }
-    }
+    write_mix(residual, x, acc, global, stream_value, norm_scale, active, lane, n, s, j, row, post);
 }
