@@ -222,17 +222,22 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
         if (lane == 0u) {
             logits[r] = logit;
         }
-        const unsigned bits = __float_as_uint(logit);
-        const unsigned k = logit != logit ? 0u : (bits >= 2147483648u ? ~bits : bits | 2147483648u);
-        if (k > key || row == 0xffffffffu) {
-            key = k;
+        const float logit_1 = logit;
+        const unsigned bits = __float_as_uint(logit_1);
+        const unsigned k = logit_1 != logit_1 ? 0u : (bits >= 2147483648u ? ~bits : bits | 2147483648u);
+        const unsigned k_1 = k;
+        if (k_1 > key || row == 0xffffffffu) {
+            key = k_1;
             row = r;
         }
     }
+    const unsigned key_1 = key;
+    const unsigned row_1 = row;
+    const unsigned blocks_1 = blocks;
     __shared__ __align__(16) unsigned warp_keys[4];
     __shared__ __align__(16) unsigned warp_rows[4];
-    const unsigned wk = __reduce_max_sync(0xffffffffu, key);
-    const unsigned wr = __reduce_min_sync(0xffffffffu, key == wk ? row : 0xffffffffu);
+    const unsigned wk = __reduce_max_sync(0xffffffffu, key_1);
+    const unsigned wr = __reduce_min_sync(0xffffffffu, key_1 == wk ? row_1 : 0xffffffffu);
     if ((threadIdx.x & 31u) == 0u) {
         warp_keys[threadIdx.x >> 5] = wk;
         warp_rows[threadIdx.x >> 5] = wr;
@@ -240,29 +245,31 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
     __syncthreads();
     __shared__ __align__(16) unsigned last[1];
     if (threadIdx.x >> 5 == 0u) {
-        const unsigned k_1 = (threadIdx.x & 31u) < 4u ? warp_keys[threadIdx.x & 31u] : 0u;
+        const unsigned k_2 = (threadIdx.x & 31u) < 4u ? warp_keys[threadIdx.x & 31u] : 0u;
         const unsigned r_1 = (threadIdx.x & 31u) < 4u ? warp_rows[threadIdx.x & 31u] : 0xffffffffu;
-        const unsigned bk = __reduce_max_sync(0xffffffffu, k_1);
-        const unsigned br = __reduce_min_sync(0xffffffffu, k_1 == bk ? r_1 : 0xffffffffu);
+        const unsigned bk = __reduce_max_sync(0xffffffffu, k_2);
+        const unsigned br = __reduce_min_sync(0xffffffffu, k_2 == bk ? r_1 : 0xffffffffu);
         if ((threadIdx.x & 31u) == 0u) {
             best_key[blockIdx.x] = bk;
             best_row[blockIdx.x] = br;
             __threadfence();
-            last[0u] = atomicAdd(counter, 1u) == blocks - 1u ? 1u : 0u;
+            last[0u] = atomicAdd(counter, 1u) == blocks_1 - 1u ? 1u : 0u;
         }
     }
     __syncthreads();
-    if (last[0u] == 0u || threadIdx.x >> 5 != 0u) {
+    const unsigned last_1 = last[0u];
+    if (last_1 == 0u || threadIdx.x >> 5 != 0u) {
         return;
     }
+    const unsigned blocks_2 = blocks;
     unsigned fk = 0u;
     unsigned fr = 0xffffffffu;
-    for (unsigned __b_i = 0u, __b_n = blocks > (threadIdx.x & 31u) ? (blocks - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+    for (unsigned __b_i = 0u, __b_n = blocks_2 > (threadIdx.x & 31u) ? (blocks_2 - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __b_i < __b_n; ++__b_i) {
         const unsigned b = (threadIdx.x & 31u) + __b_i * 32u;
-        const unsigned k_2 = ld_cg(best_key + b);
+        const unsigned k_3 = ld_cg(best_key + b);
         const unsigned r_2 = ld_cg(best_row + b);
-        if (k_2 > fk || (k_2 == fk && r_2 < fr)) {
-            fk = k_2;
+        if (k_3 > fk || (k_3 == fk && r_2 < fr)) {
+            fk = k_3;
             fr = r_2;
         }
     }

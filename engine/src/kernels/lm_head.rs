@@ -29,6 +29,7 @@ use kernel_macros::kernel;
 #[kernel(
     block = 32 * WARPS,
     grid = blocks,
+    helpers = "src/kernels/helpers/argmax.rs",
     require(vocab % ROWS == 0, hidden % 256 == 0, blocks >= 1, blocks <= 65535),
 )]
 pub fn lm_head_argmax_bf16(
@@ -69,66 +70,19 @@ pub fn lm_head_argmax_bf16(
             if lane_id() == r % 32 {
                 logits[row0 + r] = logit;
             }
-            let bits = logit.to_bits();
-            let k = if logit != logit {
-                0
-            } else if bits >= 0x80000000 {
-                !bits
-            } else {
-                bits | 0x80000000
-            };
+            let k = logit_key(logit);
             if k > key || row == u32::MAX {
                 key = k;
                 row = row0 + r;
             }
         }
     }
-    // The block's best: each warp's, then warp 0 over the warps' (the lanes that took no row
-    // hold key 0 and row u32::MAX, which loses to every row taken).
-    let warp_keys = shared::<u32, WARPS>();
-    let warp_rows = shared::<u32, WARPS>();
-    let wk = warp_max_u32(key);
-    let wr = warp_min_u32(if key == wk { row } else { u32::MAX });
-    if lane_id() == 0 {
-        warp_keys[warp_id()] = wk;
-        warp_rows[warp_id()] = wr;
-    }
-    sync_threads();
-    let last = shared::<u32, 1>();
-    if warp_id() == 0 {
-        let k = if lane_id() < WARPS { warp_keys[lane_id()] } else { 0 };
-        let r = if lane_id() < WARPS { warp_rows[lane_id()] } else { u32::MAX };
-        let bk = warp_max_u32(k);
-        let br = warp_min_u32(if k == bk { r } else { u32::MAX });
-        if lane_id() == 0 {
-            best_key[block_idx()] = bk;
-            best_row[block_idx()] = br;
-            // Publish the block's best before counting it in; the last block goes on.
-            thread_fence();
-            last[0] = if atomic_add(counter, 0, 1) == blocks - 1 { 1 } else { 0 };
-        }
-    }
-    sync_threads();
-    if last[0] == 0 || warp_id() != 0 {
+    // The block's best, counted in; the last block's warp 0 goes on to choose the token.
+    let last = count_block_best(key, row, best_key, best_row, counter, blocks);
+    if last == 0 || warp_id() != 0 {
         return;
     }
-    // The last block's warp 0: the best over the blocks' bests, read past L1.
-    let mut fk = 0u32;
-    let mut fr = u32::MAX;
-    for b in (lane_id()..blocks).step_by(32) {
-        let k = load_cg(best_key, b);
-        let r = load_cg(best_row, b);
-        if k > fk || (k == fk && r < fr) {
-            fk = k;
-            fr = r;
-        }
-    }
-    let bk = warp_max_u32(fk);
-    let br = warp_min_u32(if fk == bk { fr } else { u32::MAX });
-    if lane_id() == 0 {
-        token[0] = if br == u32::MAX { 0 } else { br };
-        counter[0] = 0;
-    }
+    write_token(best_key, best_row, counter, token, blocks);
 }
 
 /// logits = W·x for an NVFP4 lm_head (`packed` [vocab, hidden/2]: ModelOpt's codes in the paired
@@ -153,6 +107,7 @@ pub fn lm_head_argmax_bf16(
 #[kernel(
     block = 32 * WARPS,
     grid = blocks,
+    helpers = "src/kernels/helpers/argmax.rs",
     require(
         32 % LANES == 0,
         hidden % (16 * LANES) == 0,
@@ -265,63 +220,16 @@ pub fn lm_head_argmax_nvfp4(
         if lane == 0 {
             logits[r] = logit;
         }
-        let bits = logit.to_bits();
-        let k = if logit != logit {
-            0
-        } else if bits >= 0x80000000 {
-            !bits
-        } else {
-            bits | 0x80000000
-        };
+        let k = logit_key(logit);
         if k > key || row == u32::MAX {
             key = k;
             row = r;
         }
     }
-    // The block's best: each warp's, then warp 0 over the warps' (the lanes that took no row
-    // hold key 0 and row u32::MAX, which loses to every row taken).
-    let warp_keys = shared::<u32, WARPS>();
-    let warp_rows = shared::<u32, WARPS>();
-    let wk = warp_max_u32(key);
-    let wr = warp_min_u32(if key == wk { row } else { u32::MAX });
-    if lane_id() == 0 {
-        warp_keys[warp_id()] = wk;
-        warp_rows[warp_id()] = wr;
-    }
-    sync_threads();
-    let last = shared::<u32, 1>();
-    if warp_id() == 0 {
-        let k = if lane_id() < WARPS { warp_keys[lane_id()] } else { 0 };
-        let r = if lane_id() < WARPS { warp_rows[lane_id()] } else { u32::MAX };
-        let bk = warp_max_u32(k);
-        let br = warp_min_u32(if k == bk { r } else { u32::MAX });
-        if lane_id() == 0 {
-            best_key[block_idx()] = bk;
-            best_row[block_idx()] = br;
-            // Publish the block's best before counting it in; the last block goes on.
-            thread_fence();
-            last[0] = if atomic_add(counter, 0, 1) == blocks - 1 { 1 } else { 0 };
-        }
-    }
-    sync_threads();
-    if last[0] == 0 || warp_id() != 0 {
+    // The block's best, counted in; the last block's warp 0 goes on to choose the token.
+    let last = count_block_best(key, row, best_key, best_row, counter, blocks);
+    if last == 0 || warp_id() != 0 {
         return;
     }
-    // The last block's warp 0: the best over the blocks' bests, read past L1.
-    let mut fk = 0u32;
-    let mut fr = u32::MAX;
-    for b in (lane_id()..blocks).step_by(32) {
-        let k = load_cg(best_key, b);
-        let r = load_cg(best_row, b);
-        if k > fk || (k == fk && r < fr) {
-            fk = k;
-            fr = r;
-        }
-    }
-    let bk = warp_max_u32(fk);
-    let br = warp_min_u32(if fk == bk { fr } else { u32::MAX });
-    if lane_id() == 0 {
-        token[0] = if br == u32::MAX { 0 } else { br };
-        counter[0] = 0;
-    }
+    write_token(best_key, best_row, counter, token, blocks);
 }
