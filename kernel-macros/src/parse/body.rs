@@ -382,13 +382,13 @@ impl<'h> Lower<'h> {
                 }
                 out.push(Stmt::Return);
             }
-            syn::Expr::Call(_) if self.helper_call(e).is_some() => {
-                let Some((h, c)) = self.helper_call(e) else { return Ok(()) };
-                if self.inline(h, c, out)?.is_some() {
-                    return err(e, format!("the value of helper `{}` is not used", h.name));
-                }
-            }
             syn::Expr::Call(_) | syn::Expr::MethodCall(_) => {
+                if let Some((h, c)) = self.helper_call(e) {
+                    if self.inline(h, c, out)?.is_some() {
+                        return err(e, format!("the value of helper `{}` is not used", h.name));
+                    }
+                    return Ok(());
+                }
                 let mut v = self.expr(e)?;
                 let effect = match &v.kind {
                     ExprKind::Call(f, _) => f.has_effect(),
@@ -767,6 +767,9 @@ impl<'h> Lower<'h> {
             syn::PathArguments::Parenthesized(p) => return err(p, "unexpected parentheses"),
         };
         if let Some(h) = self.helpers.fns.get(&name) {
+            if !generics.is_empty() {
+                return err(&seg.arguments, format!("helper `{name}` takes no type arguments"));
+            }
             return self.inline_expr(h, c);
         }
         match name.as_str() {

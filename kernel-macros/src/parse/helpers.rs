@@ -272,6 +272,7 @@ mod tests {
             ("{ twice(1.0); }", "the value of helper `twice` is not used"),
             ("{ let v = writes(y); }", "returns nothing"),
             ("{ let k = order_key(atomic_add(y, 0, 1.0) as u32); }", "may be evaluated more than once"),
+            ("{ let k = order_key::<u32>(n); }", "takes no type arguments"),
         ];
         for (src, want) in cases {
             let e = body(src).expect_err(src);
