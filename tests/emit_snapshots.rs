@@ -577,11 +577,11 @@ pub fn bulk_rows(w: &[u32x4], scales: &[u8], y: &mut [u32], n: u32) {
     }
 }
 
-/// Device functions from a helpers file (`tests/dsl/helpers.rs`), expanded in place: the
+/// Device functions from two helpers files (`tests/dsl/helpers.rs`, `half.rs`), expanded in place: the
 /// helpers' `acc` and `total` take numbered names beside the kernel's own, the buffer and the
 /// shared array are used by their names, `warp_total`'s value lands in the kernel's `total`, and
 /// `half(total)` is `total * 0.5f` where it stands.
-#[kernel(block = 32 * WARPS, grid = n, helpers = "tests/dsl/helpers.rs")]
+#[kernel(block = 32 * WARPS, grid = n, helpers = ["tests/dsl/helpers.rs", "tests/dsl/half.rs"])]
 pub fn helpers(#[tile(default = 2, candidates = [1, 2])] WARPS: u32, x: &[f32], y: &mut [f32], n: u32) {
     let seen = shared::<u32, 1>();
     if thread_idx() == 0 {

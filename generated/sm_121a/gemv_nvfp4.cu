@@ -193,8 +193,10 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
     __shared__ __align__(16) float red[1];
     for (unsigned __chunk_i = 0u, __chunk_n = k_len / 16u > threadIdx.x ? (k_len / 16u - threadIdx.x - 1u) / 128u + 1u : 0u; __chunk_i < __chunk_n; ++__chunk_i) {
         const unsigned chunk = threadIdx.x + __chunk_i * 128u;
-        const uint4 lo = *reinterpret_cast<const uint4*>(x + (k_begin + chunk * 16u));
-        const uint4 hi = *reinterpret_cast<const uint4*>(x + (k_begin + chunk * 16u + 8u));
+        const unsigned at_2 = k_begin;
+        const unsigned chunk_1 = chunk;
+        const uint4 lo = *reinterpret_cast<const uint4*>(x + (at_2 + chunk_1 * 16u));
+        const uint4 hi = *reinterpret_cast<const uint4*>(x + (at_2 + chunk_1 * 16u + 8u));
         const float2 a = bf16x2_to_float2(lo.x);
         const float2 b = bf16x2_to_float2(lo.y);
         const float2 c_3 = bf16x2_to_float2(lo.z);
@@ -217,15 +219,15 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
         const uint4 s1 = stage_e2m1_x8(
             make_float4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
             make_float4(h.x * inv, h.y * inv, i_1.x * inv, i_1.y * inv));
-        xs[chunk * 8u] = s0.x;
-        xs[chunk * 8u + 1u] = s0.y;
-        xs[chunk * 8u + 2u] = s0.z;
-        xs[chunk * 8u + 3u] = s0.w;
-        xs[chunk * 8u + 4u] = s1.x;
-        xs[chunk * 8u + 5u] = s1.y;
-        xs[chunk * 8u + 6u] = s1.z;
-        xs[chunk * 8u + 7u] = s1.w;
-        xsc[chunk] = m;
+        xs[chunk_1 * 8u] = s0.x;
+        xs[chunk_1 * 8u + 1u] = s0.y;
+        xs[chunk_1 * 8u + 2u] = s0.z;
+        xs[chunk_1 * 8u + 3u] = s0.w;
+        xs[chunk_1 * 8u + 4u] = s1.x;
+        xs[chunk_1 * 8u + 5u] = s1.y;
+        xs[chunk_1 * 8u + 6u] = s1.z;
+        xs[chunk_1 * 8u + 7u] = s1.w;
+        xsc[chunk_1] = m;
     }
     __syncthreads();
     const bool active = row < rows;
@@ -234,9 +236,9 @@ extern "C" __global__ void __launch_bounds__(128) gemv_nvfp4(
         #pragma unroll 4
         for (unsigned __c_i = 0u, __c_n = k_len > lane * 16u ? (k_len - lane * 16u - 1u) / 256u + 1u : 0u; __c_i < __c_n; ++__c_i) {
             const unsigned c = lane * 16u + __c_i * 256u;
-            const unsigned at_4 = c / 2u;
-            const uint4 xa_1 = make_uint4(xs[at_4], xs[at_4 + 1u], xs[at_4 + 2u], xs[at_4 + 3u]);
-            const uint4 xb_1 = make_uint4(xs[at_4 + 4u], xs[at_4 + 5u], xs[at_4 + 6u], xs[at_4 + 7u]);
+            const unsigned at_5 = c / 2u;
+            const uint4 xa_1 = make_uint4(xs[at_5], xs[at_5 + 1u], xs[at_5 + 2u], xs[at_5 + 3u]);
+            const uint4 xb_1 = make_uint4(xs[at_5 + 4u], xs[at_5 + 5u], xs[at_5 + 6u], xs[at_5 + 7u]);
             const unsigned col_1 = k_begin + c;
             const uint2 wv = ld_stream_u32x2(packed + (row * (cols / 2u) + col_1 / 2u));
             const float ws_1 = e4m3x4_to_float4((unsigned)scales[row * (cols / 16u) + col_1 / 16u]).x;

@@ -142,8 +142,10 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
     __shared__ __align__(16) float xsc[256];
     for (unsigned __chunk_i = 0u, __chunk_n = hidden / 16u > threadIdx.x ? (hidden / 16u - threadIdx.x - 1u) / 128u + 1u : 0u; __chunk_i < __chunk_n; ++__chunk_i) {
         const unsigned chunk = threadIdx.x + __chunk_i * 128u;
-        const uint4 lo = *reinterpret_cast<const uint4*>(x + chunk * 16u);
-        const uint4 hi = *reinterpret_cast<const uint4*>(x + (chunk * 16u + 8u));
+        const unsigned at = 0u;
+        const unsigned chunk_1 = chunk;
+        const uint4 lo = *reinterpret_cast<const uint4*>(x + (at + chunk_1 * 16u));
+        const uint4 hi = *reinterpret_cast<const uint4*>(x + (at + chunk_1 * 16u + 8u));
         const float2 a = bf16x2_to_float2(lo.x);
         const float2 b = bf16x2_to_float2(lo.y);
         const float2 c = bf16x2_to_float2(lo.z);
@@ -166,15 +168,15 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
         const uint4 s1 = stage_e2m1_x8(
             make_float4(f.x * inv, f.y * inv, g.x * inv, g.y * inv),
             make_float4(h.x * inv, h.y * inv, i.x * inv, i.y * inv));
-        xs[chunk * 8u] = s0.x;
-        xs[chunk * 8u + 1u] = s0.y;
-        xs[chunk * 8u + 2u] = s0.z;
-        xs[chunk * 8u + 3u] = s0.w;
-        xs[chunk * 8u + 4u] = s1.x;
-        xs[chunk * 8u + 5u] = s1.y;
-        xs[chunk * 8u + 6u] = s1.z;
-        xs[chunk * 8u + 7u] = s1.w;
-        xsc[chunk] = m;
+        xs[chunk_1 * 8u] = s0.x;
+        xs[chunk_1 * 8u + 1u] = s0.y;
+        xs[chunk_1 * 8u + 2u] = s0.z;
+        xs[chunk_1 * 8u + 3u] = s0.w;
+        xs[chunk_1 * 8u + 4u] = s1.x;
+        xs[chunk_1 * 8u + 5u] = s1.y;
+        xs[chunk_1 * 8u + 6u] = s1.z;
+        xs[chunk_1 * 8u + 7u] = s1.w;
+        xsc[chunk_1] = m;
     }
     __syncthreads();
     const float global_scale = scale2[0u];
@@ -205,9 +207,9 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
         for (unsigned j = 0u; j < 10u; ++j) {
             const unsigned c_2 = lane * 16u + 256u * j;
             if (c_2 < hidden) {
-                const unsigned at = c_2 / 2u;
-                const uint4 xa = make_uint4(xs[at], xs[at + 1u], xs[at + 2u], xs[at + 3u]);
-                const uint4 xb = make_uint4(xs[at + 4u], xs[at + 5u], xs[at + 6u], xs[at + 7u]);
+                const unsigned at_1 = c_2 / 2u;
+                const uint4 xa = make_uint4(xs[at_1], xs[at_1 + 1u], xs[at_1 + 2u], xs[at_1 + 3u]);
+                const uint4 xb = make_uint4(xs[at_1 + 4u], xs[at_1 + 5u], xs[at_1 + 6u], xs[at_1 + 7u]);
                 acc += dot_e2m1x16_paired(codes[j], xa, xb) * (e4m3_to_f32(block_scale[j]) * xsc[c_2 / 16u]);
             }
         }

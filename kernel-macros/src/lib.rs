@@ -36,7 +36,7 @@
 //! bound sets the budget it schedules to instead.
 //!
 //! `#[kernel(..., helpers = "src/kernels/helpers/radix.rs")]` names a file of device functions
-//! the body calls, relative to the crate's manifest (a proc macro cannot see other items, so the
+//! the body calls (`helpers = ["a.rs", "b.rs"]` several), relative to the crate's manifest (a proc macro cannot see other items, so the
 //! kernel names the file, and the generated module includes its bytes so that cargo rebuilds on
 //! its change). They are plain `fn` items in the same subset; parameters are values (scalars and
 //! vectors, copied) or `&[T]` / `&mut [T]` taking a buffer or an array by name. Each call is

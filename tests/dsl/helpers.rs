@@ -1,12 +1,8 @@
 //! Device functions for the emitter's snapshot test of helpers (`tests/emit_snapshots.rs`,
 //! example `helpers`): a value returned, a helper calling another, parameters by value and by
-//! reference (a device buffer and a shared array), locals named as the caller's are, and a
-//! one-expression helper inside an expression.
+//! reference (a device buffer and a shared array), and locals named as the caller's are; the
+//! one-expression helper the example also calls is in the second file it names, `half.rs`.
 
-/// Half of `v`: one expression, so a call anywhere becomes `v * 0.5` with the argument in place.
-fn half(v: f32) -> f32 {
-    v * 0.5
-}
 
 /// The warp's sum of `v`, by xor butterflies (every lane gets it).
 fn warp_total(v: f32) -> f32 {

@@ -31,9 +31,9 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
     let launch_dims = super::launch::generate_launch_dims(decl);
     let (tiles_arg, args_arg) = (paths::local("tiles"), paths::local("args"));
     let cooperative = decl.launch.cooperative;
-    // The helpers file's bytes, unused: so that cargo rebuilds this kernel when the file changes
+    // The helpers files' bytes, unused: so that cargo rebuilds this kernel when one changes
     // (the macro read it; rustc does not know that).
-    let helpers_file = decl.launch.helpers.as_ref().map(|path| {
+    let helpers_files = decl.launch.helpers.iter().map(|path| {
         let path = path.value();
         quote!(
             const _: &[u8] = ::core::include_bytes!(::core::concat!(::core::env!("CARGO_MANIFEST_DIR"), "/", #path));
@@ -46,7 +46,7 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
             #[allow(unused_imports)]
             use #launch::div_ceil;
 
-            #helpers_file
+            #(#helpers_files)*
 
             #tiles
 

@@ -897,7 +897,7 @@ impl<'h> Lower<'h> {
         self.expanding.pop();
         self.loops = loops;
         self.scopes = scopes;
-        body.map_err(|e| syn::Error::new_spanned(c, format!("in helper `{name}` ({}): {e}", self.helpers.path)))
+        body.map_err(|e| syn::Error::new_spanned(c, format!("in helper `{name}` ({}): {e}", h.path)))
     }
 
     /// A call of a helper that is one expression (`fn order_key(b: u32) -> u32 { ... }`), inside
@@ -953,8 +953,8 @@ impl<'h> Lower<'h> {
         let value = self.expr(body).and_then(|mut v| coerce(&mut v, ret, body).map(|()| v));
         self.expanding.pop();
         self.scopes = scopes;
-        let mut value = value
-            .map_err(|e| syn::Error::new_spanned(c, format!("in helper `{name}` ({}): {e}", self.helpers.path)))?;
+        let mut value =
+            value.map_err(|e| syn::Error::new_spanned(c, format!("in helper `{name}` ({}): {e}", h.path)))?;
         substitute(&mut value, &args);
         Ok(value)
     }

@@ -11,9 +11,9 @@
 //! `&[T]` or `&mut [T]` taking a device buffer or an array (local or shared) of `T`, by name. A
 //! function returns a value by its last expression, or nothing; it has no early `return`.
 //!
-//! A proc macro cannot see other items, so the kernel names the file, relative to its crate's
-//! manifest; the generated module includes its bytes, so that editing the file recompiles the
-//! kernels that use it.
+//! A proc macro cannot see other items, so the kernel names the file (or a list of files),
+//! relative to its crate's manifest; the generated module includes their bytes, so that editing
+//! a file recompiles the kernels that use it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,6 +24,8 @@ use syn::{FnArg, Ident, LitStr};
 /// A device function of a helpers file.
 pub(crate) struct Helper {
     pub(crate) name: Ident,
+    /// The file, as the attribute gives it (for messages).
+    pub(crate) path: String,
     pub(crate) params: Vec<HelperParam>,
     /// The type of the value it returns (`-> T`), if any.
     pub(crate) ret: Option<Type>,
@@ -54,17 +56,26 @@ pub(crate) enum Pass {
     Ref { elem: Elem, mutable: bool },
 }
 
-/// The helpers a kernel may call, by name, and the file they came from.
+/// The helpers a kernel may call, by name, each with the file it came from.
 pub(crate) struct Helpers {
-    /// The path as the attribute gives it (relative to the crate's manifest).
-    pub(crate) path: String,
     pub(crate) fns: HashMap<String, Helper>,
 }
 
-impl Helpers {
-    pub(crate) fn none() -> Helpers {
-        Helpers { path: String::new(), fns: HashMap::new() }
+/// Reads and checks every file the attribute names; a name defined in two of them is an error.
+pub(crate) fn load_all(paths: &[LitStr]) -> syn::Result<Helpers> {
+    let mut fns: HashMap<String, Helper> = HashMap::new();
+    for lit in paths {
+        for (name, h) in load(lit)?.fns {
+            if let Some(other) = fns.get(&name) {
+                return Err(syn::Error::new_spanned(
+                    lit,
+                    format!("helper `{name}` is defined in `{}` and in `{}`", other.path, h.path),
+                ));
+            }
+            fns.insert(name, h);
+        }
     }
+    Ok(Helpers { fns })
 }
 
 /// Reads and checks the helpers file named by `lit`. Errors point at the attribute's path, with
@@ -87,7 +98,7 @@ pub(crate) fn parse(text: &str, path: &str) -> Result<Helpers, String> {
         let syn::Item::Fn(f) = item else {
             return Err("holds `fn` items only".into());
         };
-        let helper = helper(&f).map_err(|e| format!("fn {}: {e}", f.sig.ident))?;
+        let helper = helper(&f, path).map_err(|e| format!("fn {}: {e}", f.sig.ident))?;
         let name = helper.name.to_string();
         if is_intrinsic(&name) {
             return Err(format!("fn {name}: the name of an intrinsic"));
@@ -96,10 +107,10 @@ pub(crate) fn parse(text: &str, path: &str) -> Result<Helpers, String> {
             return Err(format!("fn {name} is defined twice"));
         }
     }
-    Ok(Helpers { path: path.to_owned(), fns })
+    Ok(Helpers { fns })
 }
 
-fn helper(f: &syn::ItemFn) -> Result<Helper, String> {
+fn helper(f: &syn::ItemFn, path: &str) -> Result<Helper, String> {
     let sig = &f.sig;
     if sig.asyncness.is_some() || sig.unsafety.is_some() || sig.constness.is_some() || sig.abi.is_some() {
         return Err("a device function is a plain `fn`".into());
@@ -143,7 +154,7 @@ fn helper(f: &syn::ItemFn) -> Result<Helper, String> {
         syn::ReturnType::Default => None,
         syn::ReturnType::Type(_, t) => Some(super::kernel::elem(t).map_err(|e| e.to_string())?.as_type()),
     };
-    Ok(Helper { name: sig.ident.clone(), params, ret, block: (*f.block).clone() })
+    Ok(Helper { name: sig.ident.clone(), path: path.to_owned(), params, ret, block: (*f.block).clone() })
 }
 
 /// Whether `name` is taken by an intrinsic (with or without a type argument) or by `shared` or

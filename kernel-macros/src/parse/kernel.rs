@@ -91,10 +91,7 @@ pub(crate) fn parse(attr: TokenStream, item: TokenStream) -> syn::Result<KernelD
         }
     }
     let launch = launch::parse(attr, &launch::Scope { tiles: &tile_names, scalars: &scalar_names })?;
-    let helpers = match &launch.helpers {
-        Some(path) => super::helpers::load(path)?,
-        None => super::helpers::Helpers::none(),
-    };
+    let helpers = super::helpers::load_all(&launch.helpers)?;
     let lowered = super::body::lower(&f.block, &tiles, &params, &helpers)?;
     let ir_params = params.iter().zip(lowered.param_names).map(|(p, name)| Param { name, ty: p.ty }).collect();
 

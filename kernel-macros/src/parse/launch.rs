@@ -31,8 +31,8 @@ pub(crate) struct LaunchDecl {
     /// `cooperative`: the blocks meet at software grid barriers, so they must all be resident at
     /// once; the launch asks the driver to guarantee it.
     pub(crate) cooperative: bool,
-    /// `helpers = "path"`: the file of device functions the body calls.
-    pub(crate) helpers: Option<syn::LitStr>,
+    /// `helpers = "path"` or `helpers = ["a", "b"]`: the files of device functions the body calls.
+    pub(crate) helpers: Vec<syn::LitStr>,
 }
 
 /// The names a launch expression may read.
@@ -48,7 +48,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
     let mut min_blocks = None;
     let mut requires = Vec::new();
     let mut cooperative = false;
-    let mut helpers = None;
+    let mut helpers = Vec::new();
     for meta in metas {
         match meta {
             Meta::NameValue(nv) if nv.path.is_ident("block") => {
@@ -92,13 +92,22 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
                 }
             }
             Meta::NameValue(nv) if nv.path.is_ident("helpers") => {
-                let Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(path), .. }) = nv.value else {
-                    return Err(syn::Error::new_spanned(&nv.value, "`helpers` is a path in a string literal"));
-                };
-                if helpers.is_some() {
+                if !helpers.is_empty() {
                     return Err(syn::Error::new_spanned(&nv.path, "`helpers` is given twice"));
                 }
-                helpers = Some(path);
+                let paths: Vec<&Expr> = match &nv.value {
+                    Expr::Array(a) => a.elems.iter().collect(),
+                    e => vec![e],
+                };
+                for p in paths {
+                    let Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(path), .. }) = p else {
+                        return Err(syn::Error::new_spanned(
+                            p,
+                            "`helpers` is a path in a string literal, or a list of them: `[\"a.rs\", \"b.rs\"]`",
+                        ));
+                    };
+                    helpers.push(path.clone());
+                }
             }
             Meta::Path(p) if p.is_ident("cooperative") => {
                 if cooperative {
