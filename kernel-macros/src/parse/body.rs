@@ -209,7 +209,7 @@ impl<'h> Lower<'h> {
             return err(d, "`let ... else` is not available in a kernel");
         }
         // A helper's value: its body first, then the name (so that the body's locals are named
-        // before this one is).
+        // before this one is). A helper call is neither `shared::<T, N>()` nor `[fill; N]`.
         let inlined = match self.helper_call(&init.expr) {
             Some((h, c)) => match self.inline(h, c, out)? {
                 Some(v) => Some(v),
@@ -220,9 +220,7 @@ impl<'h> Lower<'h> {
         let c_name = self.fresh(&rust_name);
 
         // shared::<T, N>(): a shared-memory array.
-        if let Some((elem_ty, len)) = shared_call(&init.expr)?
-            && inlined.is_none()
-        {
+        if let Some((elem_ty, len)) = shared_call(&init.expr)? {
             if let Some(a) = annotation {
                 return err(a, "the type of a shared array comes from `shared::<T, N>()`");
             }
@@ -234,9 +232,7 @@ impl<'h> Lower<'h> {
         }
 
         // [fill; N]: a local array in registers.
-        if let syn::Expr::Repeat(r) = &*init.expr
-            && inlined.is_none()
-        {
+        if let syn::Expr::Repeat(r) = &*init.expr {
             let mut fill = self.expr(&r.expr)?;
             let elem_ty = match annotation {
                 Some(syn::Type::Array(a)) => elem(&a.elem)?,
