@@ -744,6 +744,46 @@ fn min_blocks_becomes_the_second_launch_bound_and_bounds_the_tiles() {
     assert!(!bounded.contains("ld.global.nc"));
 }
 
+#[test]
+fn max_blocks_is_a_launch_property_checked_against_min_blocks() {
+    let one = spread::Tiles { min_blocks: 0, max_blocks: 1 };
+    let free = spread::Tiles { min_blocks: 0, max_blocks: 0 };
+    assert_eq!((one.max_blocks(), free.max_blocks()), (1, 0));
+    // A kernel that does not declare it has no bound.
+    assert_eq!(overlap_bound::Tiles { min_blocks: 6 }.max_blocks(), 0);
+    // Nothing of it is compiled: the CUDA differs only in the tiles' comment line.
+    let body = |t: &spread::Tiles| {
+        cuda::<spread::Kernel>(t, Arch::Sm90)
+            .lines()
+            .filter(|l| !l.starts_with("// Tiles:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(body(&one), body(&free));
+    // At most 1 block an SM while compiled for 2 is a contradiction, refused and left out.
+    let err = spread::Tiles { min_blocks: 2, max_blocks: 1 }.check().expect_err("max below min");
+    assert!(
+        err.message.contains("at most 1 blocks an SM") && err.message.contains("compiled for 2"),
+        "{}",
+        err.message
+    );
+    assert!(spread::Tiles { min_blocks: 2, max_blocks: 0 }.check().is_ok(), "0 is no bound");
+    assert!(spread::Tiles { min_blocks: 1, max_blocks: 1 }.check().is_ok());
+    let candidates = spread::Tiles::candidates();
+    assert_eq!(candidates.len(), 3, "{candidates:?}");
+    assert!(!candidates.contains(&spread::Tiles { min_blocks: 2, max_blocks: 1 }));
+}
+
+#[kernel(block = 128, grid = n, min_blocks = MIN_BLOCKS, max_blocks = MAX_BLOCKS)]
+fn spread(
+    #[tile(default = 0, candidates = [0, 2])] MIN_BLOCKS: u32,
+    #[tile(default = 1, candidates = [0, 1])] MAX_BLOCKS: u32,
+    y: &mut [f32],
+    n: u32,
+) {
+    y[block_idx()] = 1.0;
+}
+
 #[kernel(block = 256, grid = n, min_blocks = MIN_BLOCKS)]
 fn overlap_bound(#[tile(default = 6, candidates = [6, 12])] MIN_BLOCKS: u32, y: &mut [f32], n: u32) {
     y[block_idx()] = 1.0;

@@ -174,6 +174,13 @@ pub trait TileSet: Copy + fmt::Debug + Eq + Hash + Send + Sync + 'static {
     fn min_blocks(&self) -> u32 {
         0
     }
+
+    /// At most this many blocks on one SM (`#[kernel(max_blocks = ...)]`), 0 for no bound. Not
+    /// part of the compiled kernel: the engine reserves dynamic shared memory at load so that no
+    /// more fit.
+    fn max_blocks(&self) -> u32 {
+        0
+    }
 }
 
 /// A kernel described with `#[kernel]`: its template, tiles, arguments and launch geometry.

@@ -35,6 +35,13 @@
 //! to itself ptxas may aim for few registers and move each load back next to its use, and the
 //! bound sets the budget it schedules to instead.
 //!
+//! `#[kernel(..., max_blocks = EXPR)]` (tiles alone, 0 for none) bounds the other way: at most
+//! that many blocks of the kernel on one SM. It is a launch property, not a compiled one (the
+//! CUDA is the same): the engine reserves enough dynamic shared memory when it loads the kernel
+//! that no more blocks fit (`Tiles::max_blocks`). It is for a grid meant one block an SM that
+//! launches while its predecessor still runs: the block scheduler places blocks wherever there
+//! is room, so without the bound they pile onto the few SMs the predecessor has left.
+//!
 //! `#[kernel(..., helpers = "src/kernels/helpers/radix.rs")]` names a file of device functions
 //! the body calls (`helpers = ["a.rs", "b.rs"]` several), relative to the crate's manifest (a proc macro cannot see other items, so the
 //! kernel names the file, and the generated module includes its bytes so that cargo rebuilds on

@@ -116,6 +116,36 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
             )
         }
     };
+    // `max_blocks`: its own method, and a check that it does not contradict `min_blocks`.
+    let (max_blocks_fn, max_blocks_check) = match &decl.launch.max_blocks {
+        None => (quote!(), quote!()),
+        Some(m) => {
+            let text = quote!(#m).to_string();
+            let most = paths::local("most");
+            let least = match &decl.launch.min_blocks {
+                Some(min) => quote!(#min),
+                None => quote!(0u32),
+            };
+            (
+                quote! {
+                    #[allow(non_snake_case, unused_variables)]
+                    fn max_blocks(&self) -> u32 {
+                        #binds
+                        #m
+                    }
+                },
+                quote! {
+                    let #most: u32 = #m;
+                    if #most > 0 && #most < #least {
+                        return ::std::result::Result::Err(#launch::LaunchError {
+                            kernel: #kernel_name,
+                            message: ::std::format!("tiles {:?} allow at most {} blocks an SM (`max_blocks = {}`) but are compiled for {} (`min_blocks`)", self, #most, #text, #least),
+                        });
+                    }
+                },
+            )
+        }
+    };
     quote! {
         /// The tile parameters: compile-time shapes the emitter writes as constants.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -146,10 +176,13 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
                     });
                 }
                 #min_blocks_check
+                #max_blocks_check
                 ::std::result::Result::Ok(())
             }
 
             #min_blocks_fn
+
+            #max_blocks_fn
 
             #[allow(non_snake_case, unused_variables)]
             fn block_threads(&self) -> u32 {

@@ -27,6 +27,11 @@ pub(crate) struct LaunchDecl {
     /// the second argument of `__launch_bounds__`. ptxas budgets registers to it; a kernel that
     /// loads a batch before using it needs the budget to keep the batch in flight.
     pub(crate) min_blocks: Option<Expr>,
+    /// `max_blocks = ...` (tiles alone): at most this many blocks of this kernel on one SM, 0 for
+    /// no bound. A launch property, not a compile one: the engine reserves enough dynamic shared
+    /// memory at load that no more fit, so that a grid launched while its predecessor still runs
+    /// spreads over the SMs instead of piling onto the few with room.
+    pub(crate) max_blocks: Option<Expr>,
     pub(crate) requires: Vec<Requirement>,
     /// `cooperative`: the blocks meet at software grid barriers, so they must all be resident at
     /// once; the launch asks the driver to guarantee it.
@@ -46,6 +51,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
     let mut block = None;
     let mut grid = None;
     let mut min_blocks = None;
+    let mut max_blocks = None;
     let mut requires = Vec::new();
     let mut cooperative = false;
     let mut helpers = Vec::new();
@@ -69,6 +75,17 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
                     return Err(syn::Error::new_spanned(&nv.path, "`min_blocks` is given twice"));
                 }
                 min_blocks = Some(nv.value);
+            }
+            Meta::NameValue(nv) if nv.path.is_ident("max_blocks") => {
+                tiles_alone(
+                    &nv.value,
+                    scope,
+                    "`max_blocks` depends on tiles alone (the engine bounds the residency when it loads the kernel)",
+                )?;
+                if max_blocks.is_some() {
+                    return Err(syn::Error::new_spanned(&nv.path, "`max_blocks` is given twice"));
+                }
+                max_blocks = Some(nv.value);
             }
             Meta::NameValue(nv) if nv.path.is_ident("grid") => {
                 let dims: Vec<Expr> = match nv.value {
@@ -118,7 +135,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
             other => {
                 return Err(syn::Error::new_spanned(
                     other,
-                    "expected `block = ...`, `grid = ...`, `min_blocks = ...`, `require(...)`, `cooperative` or `helpers = \"path\"` in #[kernel(...)]",
+                    "expected `block = ...`, `grid = ...`, `min_blocks = ...`, `max_blocks = ...`, `require(...)`, `cooperative` or `helpers = \"path\"` in #[kernel(...)]",
                 ));
             }
         }
@@ -129,6 +146,7 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
         block: block.ok_or_else(|| missing("block"))?,
         grid: grid.ok_or_else(|| missing("grid"))?,
         min_blocks,
+        max_blocks,
         requires,
         cooperative,
         helpers,
