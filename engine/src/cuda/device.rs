@@ -310,6 +310,7 @@ impl Gpu {
         };
         let function = module.load_function(K::NAME).during(&format!("finding the entry of {}", spec.key))?;
         let overlappable = spec.waits_on_grid_dependency();
-        Ok(LoadedKernel::new(tiles, spec.key, cubin.resources, overlappable, self.traced(), module, function))
+        LoadedKernel::new(tiles, spec.key, cubin.resources, overlappable, self.traced(), module, function)
+            .bound_residency(self.info().max_shared_per_block)
     }
 }

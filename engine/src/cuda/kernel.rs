@@ -23,6 +23,9 @@ pub struct LoadedKernel<K: KernelDef> {
     overlappable: bool,
     /// Compiled traced: its launches take one more parameter, their trace words.
     traced: bool,
+    /// Dynamic shared memory every launch reserves and nothing uses, so that at most the tiles'
+    /// `max_blocks` blocks fit on one SM (`super::residency`); 0 without that bound.
+    reserved_shared: u32,
     /// Set when the driver refused a cooperative launch that also asked to overlap its
     /// predecessor: the kernel's later launches are cooperative only.
     cooperative_alone: AtomicBool,
@@ -48,11 +51,35 @@ impl<K: KernelDef> LoadedKernel<K> {
             resources,
             overlappable,
             traced,
+            reserved_shared: 0,
             cooperative_alone: AtomicBool::new(false),
             _module: module,
             function,
             _kernel: PhantomData,
         }
+    }
+
+    /// Applies the tiles' `max_blocks` (`#[kernel(max_blocks = ...)]`): each launch reserves, for
+    /// every block, the least dynamic shared memory that keeps at most that many blocks on an SM
+    /// (`super::residency`), on a device whose blocks may take up to `max_per_block` bytes. The bound is for speed, not
+    /// correctness: where shared memory cannot make it (no device we know of), the kernel runs
+    /// unbounded and says so.
+    pub(crate) fn bound_residency(mut self, max_per_block: u32) -> Result<Self> {
+        use kernel_dsl::TileSet as _;
+        let most = self.tiles.max_blocks();
+        if most == 0 {
+            return Ok(self);
+        }
+        let threads = self.tiles.block_threads();
+        let what = self.key.to_string();
+        let function = self.function.cu_function();
+        match super::residency::shared_reservation(function, threads, most, max_per_block, &what)? {
+            Some(bytes) => self.reserved_shared = bytes,
+            None => eprintln!(
+                "{what}: no reservation of shared memory keeps it to {most} blocks an SM on this device; launched without the bound"
+            ),
+        }
+        Ok(self)
     }
 
     /// Whether the kernel waits on its grid dependency, so launches may overlap its predecessor.
@@ -72,8 +99,14 @@ impl<K: KernelDef> LoadedKernel<K> {
         self.resources
     }
 
+    /// Bytes of dynamic shared memory each block reserves to bound the blocks an SM holds
+    /// (`#[kernel(max_blocks = ...)]`); 0 for a kernel without the bound.
+    pub fn reserved_shared(&self) -> u32 {
+        self.reserved_shared
+    }
+
     /// How many blocks of this kernel the whole device holds at once (the driver's occupancy for
-    /// its block size, registers and shared memory, times the SMs): a kernel whose blocks wait for
+    /// its block size, registers and shared memory, the reservation included, times the SMs): a kernel whose blocks wait for
     /// each other (a software grid barrier) needs its grid no larger than this.
     pub fn co_resident_blocks(&self, gpu: &Gpu) -> Result<u32> {
         use kernel_dsl::TileSet as _;
@@ -86,7 +119,7 @@ impl<K: KernelDef> LoadedKernel<K> {
                 &mut per_sm,
                 self.function.cu_function(),
                 threads,
-                0,
+                self.reserved_shared as usize,
             )
         }
         .result()
@@ -96,7 +129,9 @@ impl<K: KernelDef> LoadedKernel<K> {
 
     /// The grid and block a launch with `args` would use, after the kernel's requirements.
     pub fn dims(&self, args: &K::Args) -> Result<LaunchDims> {
-        Ok(K::launch_dims(&self.tiles, args)?)
+        let mut dims = K::launch_dims(&self.tiles, args)?;
+        dims.dynamic_shared_bytes += self.reserved_shared;
+        Ok(dims)
     }
 
     /// Enqueues the kernel on the GPU's stream. A kernel that calls `grid_dependency_wait()` is

@@ -9,6 +9,7 @@ pub mod graph;
 pub mod host_mapped;
 pub mod kernel;
 pub mod nvrtc;
+mod residency;
 pub mod side_stream;
 pub mod timing;
 pub mod trace;
