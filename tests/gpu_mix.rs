@@ -333,3 +333,34 @@ fn chained_sites_give_the_bits_of_sites_run_apart() {
         }
     }
 }
+
+/// The down-projections keep to one block an SM (`max_blocks = MAX_BLOCKS`): the engine's
+/// reservation of shared memory leaves room for one of their blocks on an SM, and for a whole
+/// grid of 132 at the published shape only on 132 SMs, where without it an SM takes several.
+/// The reference tests above run with the reservation (the default), so a block that used it
+/// for anything would show there.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn down_projections_keep_to_one_block_an_sm() {
+    let gpu = flashnext::gpu::open();
+    let sms = gpu.info().sm_count;
+    let nvfp4 = mix_down_nvfp4::Tiles::DEFAULT;
+    let bf16 = mix_down_bf16::Tiles::DEFAULT;
+    assert_eq!((nvfp4.max_blocks, bf16.max_blocks), (1, 1), "the defaults bound the residency");
+    let k = gpu.kernel::<mix_down_nvfp4::Kernel>(nvfp4).expect("compile");
+    assert!(k.reserved_shared() > 0, "{} reserves nothing", k.key());
+    assert_eq!(k.co_resident_blocks(&gpu).expect("occupancy"), sms, "{}: one block an SM", k.key());
+    let free = gpu.kernel::<mix_down_nvfp4::Kernel>(mix_down_nvfp4::Tiles { max_blocks: 0, ..nvfp4 }).expect("compile");
+    assert_eq!(free.reserved_shared(), 0);
+    assert!(free.co_resident_blocks(&gpu).expect("occupancy") > sms, "without the bound an SM holds several");
+    let b = gpu.kernel::<mix_down_bf16::Kernel>(bf16).expect("compile");
+    assert!(b.reserved_shared() > 0);
+    assert_eq!(b.co_resident_blocks(&gpu).expect("occupancy"), sms, "{}: one block an SM", b.key());
+    println!(
+        "{}: {} bytes of shared memory reserved a block (at most {}); bf16: {}",
+        k.key(),
+        k.reserved_shared(),
+        gpu.info().max_shared_per_block,
+        b.reserved_shared()
+    );
+}

@@ -17,14 +17,15 @@ use kernel_macros::kernel;
 /// two rows a block of four warps, three steps of 512 values a warp, the weights loaded before
 /// the wait. NVIDIA H200, 2026-12-01 (BENCHMARKS.md, gemv_nvfp4 section): 5.63 µs a launch alone
 /// against 6.73 split four ways, the step 1.7% faster at 1k and 32k, ahead of four rows a block,
-/// eight warps, or the loads after the wait.
+/// eight warps, or the loads after the wait. The next kernel (a mix site's down-projection,
+/// which keeps to one block an SM) launches after this one's wait (TRIGGER 0; the kernel's docs).
 pub const ROW_PATH: gemv_nvfp4::Tiles =
-    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 1, unroll: 4, mma: 0, early: 8, rows: 2, steps: 3 };
+    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 1, unroll: 4, mma: 0, early: 8, rows: 2, steps: 3, trigger: 0 };
 
 /// The split path's tiles for a wide matrix the row path does not fit: 16 lanes a row, K split
 /// four ways so that 2560 rows fill the SMs (H200: 6.83 µs against 14.48 unsplit).
 pub const SPLIT_PATH: gemv_nvfp4::Tiles =
-    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 4, unroll: 4, mma: 0, early: 0, rows: 0, steps: 3 };
+    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 4, unroll: 4, mma: 0, early: 0, rows: 0, steps: 3, trigger: 1 };
 
 /// Tiles that run `args`, starting from `tiles`: those when the launch fits and `ok` accepts
 /// it; else the split path (`SPLIT_PATH` in place of a row-path set, whose columns must fit its
@@ -93,6 +94,13 @@ pub fn fitting(
 /// 26) that took QSA's input projection, behind a short mix kernel, from 14.8 to 10.4 µs a
 /// launch; behind GDN's state update and QSA's combine it gained nothing and slowed those (their
 /// own loads met these), so the default stays 0 and the QSA plan asks for 8.
+///
+/// TRIGGER says when the next kernel may launch: 1 (the default) not before this grid ends, 0
+/// once past the wait (on the row path without EARLY, past its weight loads too). Where the next kernel is a mix site's down-projection, 0 lets its blocks
+/// load their weights during this grid's tail; on the H200 that made the step 9% slower
+/// (2026-12-01) while those blocks piled onto the few SMs with room, and since they keep to one
+/// an SM (`mix_down_nvfp4`'s MAX_BLOCKS) it makes the step 3.7% faster (one NVIDIA H100,
+/// 2026-12-06, with the MoE's down projection doing the same): `ROW_PATH` takes 0.
 #[kernel(
     block = 32 * WARPS,
     // A block owns 32·WARPS / LANES rows, or ROWS on the row path.
@@ -131,6 +139,7 @@ pub fn gemv_nvfp4(
     #[tile(default = 0, candidates = [0, 8])] EARLY: u32,
     #[tile(default = 0, candidates = [0, 2, 4])] ROWS: u32,
     #[tile(default = 3, candidates = [1, 2, 3])] STEPS: u32,
+    #[tile(default = 1, candidates = [0, 1])] TRIGGER: u32,
     packed: &[e2m1x2],
     // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
     scales: &[u8],
@@ -146,11 +155,8 @@ pub fn gemv_nvfp4(
     seg3: u32,
 ) {
     // Launched as soon as its predecessor lets it (programmatic dependent launch), with only
-    // the EARLY weight loads before the wait. It does not let its own successor (a mix site's
-    // down-projection) launch early: that successor's blocks would load their weights while this
-    // grid streams its own, and the H200 step was 9% slower so (2026-12-01, BENCHMARKS.md step
-    // section); 5.4% slower with the trigger after the products, where only the split-K tail is
-    // left to overlap.
+    // the EARLY weight loads before the wait. Its own successor launches after its wait with
+    // TRIGGER 0, at its end otherwise (the docs above).
     let split = block_idx_y();
     let k_len = cols / K_SPLIT;
     let k_begin = split * k_len;
@@ -206,6 +212,11 @@ pub fn gemv_nvfp4(
     }
     if ROWS == 0 || EARLY > 0 {
         grid_dependency_wait();
+    }
+    if TRIGGER == 0 {
+        // Only now may the next kernel launch: before the wait it could take SM room ahead of
+        // this grid's own blocks.
+        launch_dependents();
     }
 
     // The block's slice of x: eight words (eight f16 pairs) per 16-value chunk, divided by the

@@ -16,10 +16,15 @@
 //! running one is loading weights: with both triggers at the kernels' top, the next kernel and,
 //! through it, the one after started their weight loads and took SM room while the site's
 //! predecessor still ran, and the H200 step was 1.6% slower (2026-12-01, BENCHMARKS.md step
-//! section). In the NVFP4 step launch 1's predecessors let it in only when they end (so that its
-//! blocks find the SMs empty; `moe_down_nvfp4` says why), and both launch-1 kernels then use
-//! nothing they load before their wait: with bf16 mix weights the H200 step is 1.8% faster for it
-//! (2026-12-02), though the bf16 site alone is 2% slower.
+//! section). Launch 1 is meant one block an SM, and it is launched while its predecessor (an
+//! output projection, the MoE's down projection) still runs: the block scheduler would place its
+//! blocks on the few SMs with room, several on one. Its tile MAX_BLOCKS (`max_blocks`, default 1)
+//! has the engine reserve shared memory so that no two of its blocks share an SM, and the
+//! predecessors let it launch right after their own wait. One NVIDIA H100, 2026-12-06: the step
+//! 3.7% faster at 1k and 32k than with the predecessors letting it in only when they end (which
+//! they did from 2026-12-02 to keep its blocks apart; BENCHMARKS.md, step section). Both launch-1
+//! kernels use nothing they load before their wait: with bf16 mix weights the H200 step was 1.8%
+//! faster for it (2026-12-02), though the bf16 site alone is 2% slower.
 //!
 //! The residual streams are bf16, as the reference model stores them: the write is
 //! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
@@ -45,10 +50,13 @@ use kernel_macros::kernel;
 /// A block is a fraction of an SM (the defaults: 160 threads of two rows, one block per SM at the
 /// published shape; the candidates hold at most 12,800 weight registers a block, a fifth of an
 /// SM's), so that launch 2's blocks are resident beside it and start their own weight stream. Two
-/// rows a warp also halve the reads of the staged inputs.
+/// rows a warp also halve the reads of the staged inputs. MAX_BLOCKS 1 (`max_blocks`) keeps a
+/// second block off an SM that holds one, for a launch that overlaps its predecessor (the module
+/// docs say why); 0 lets the scheduler place blocks where it likes.
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rank + inject, WARPS * ROWS), n),
+    max_blocks = MAX_BLOCKS,
     helpers = "src/kernels/helpers/mix.rs",
     require(ROWS * CHUNKS * WARPS <= 100, d % 8 == 0, d <= 256 * CHUNKS),
 )]
@@ -56,6 +64,7 @@ pub fn mix_down_bf16(
     #[tile(default = 2, candidates = [1, 2])] ROWS: u32,
     #[tile(default = 5, candidates = [5, 10, 20])] WARPS: u32,
     #[tile(default = 10, candidates = [10])] CHUNKS: u32,
+    #[tile(default = 1, candidates = [0, 1])] MAX_BLOCKS: u32,
     residual: &[bf16],
     y: &[bf16],
     gains_prev: &[f32],
@@ -287,15 +296,17 @@ pub fn mix_up_bf16(
 /// sums is the weights' own.
 ///
 /// Unlike the bf16 kernel, it applies `1 + w` after the wait, from registers: nothing it loads
-/// before the wait is used there. In the NVFP4 step 96 of this kernel's 97 launches find their
-/// predecessor ended (`gemv_nvfp4` lets nothing in early, nor does the MoE's down projection), so
-/// the wait returns at once and a norm's round trip before it would only delay the stream's loads
-/// after it. NVIDIA H200, 2026-12-02 (the earlier form as a tile, since removed): in the traced
-/// step the hand-off 1.60 → 0.99 µs a launch and the work after the wait 2.64 → 2.94 (−0.31 µs);
-/// the site alone 6.46 → 5.78 µs.
+/// before the wait is used there. Measured when 96 of this kernel's 97 launches in the NVFP4 step
+/// found their predecessor ended (its predecessors then let nothing in early), so that the wait
+/// returned at once and a norm's round trip before it only delayed the stream's loads after it.
+/// NVIDIA H200, 2026-12-02 (the earlier form as a tile, since removed): in the traced step the
+/// hand-off 1.60 → 0.99 µs a launch and the work after the wait 2.64 → 2.94 (−0.31 µs); the site
+/// alone 6.46 → 5.78 µs. Its predecessors now let it in after their wait (MAX_BLOCKS, as in the
+/// bf16 kernel).
 #[kernel(
     block = 32 * WARPS,
     grid = (div_ceil(rank + inject, WARPS * ROWS), n),
+    max_blocks = MAX_BLOCKS,
     helpers = "src/kernels/helpers/mix.rs",
     require(ROWS * CHUNKS * WARPS <= 100, d % 16 == 0, d <= 512 * CHUNKS),
 )]
@@ -303,6 +314,7 @@ pub fn mix_down_nvfp4(
     #[tile(default = 2, candidates = [1, 2, 4])] ROWS: u32,
     #[tile(default = 5, candidates = [5, 10])] WARPS: u32,
     #[tile(default = 5, candidates = [5])] CHUNKS: u32,
+    #[tile(default = 1, candidates = [0, 1])] MAX_BLOCKS: u32,
     residual: &[bf16],
     y: &[bf16],
     gains_prev: &[f32],

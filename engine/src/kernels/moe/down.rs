@@ -30,16 +30,19 @@ use kernel_macros::kernel;
 /// issues all its weight loads before the wait: they stream while gate/up still runs. Only h,
 /// which gate/up writes, is read after it.
 ///
-/// TRIGGER says when the next kernel may launch: 0 right after the wait, 1 (the default) not
+/// TRIGGER says when the next kernel may launch: 0 (the default) right after the wait, 1 not
 /// before this grid ends. In the step the next kernel is the Gated Residual's down-projection,
 /// 132 blocks meant one an SM. Let in after the wait, its blocks found most SMs full (three of
 /// these blocks, 165 registers a thread, take an SM's registers; where they land depends on where
 /// the gate/up kernel still ran when they were placed) and piled up on the few SMs that held only
 /// one: 132 blocks on 38 SMs, three to six on one, each extra block about 1 µs more after the
-/// wait (NVIDIA H200 block records, 2026-12-02). Let in at the end, they find every SM empty: one
-/// block an SM, and the site after the MoE 1.4 µs shorter although its weights no longer load
-/// during this kernel. Bounding the registers to leave room instead (MIN_BLOCKS 4, 128 registers)
-/// spills and made the step 3.4% slower.
+/// wait (NVIDIA H200 block records, 2026-12-02). So from then until 2026-12-06 the default was 1:
+/// let in at the end, they found every SM empty, and the site after the MoE was 1.4 µs shorter
+/// although its weights no longer loaded during this kernel. Bounding this kernel's registers to
+/// leave room instead (MIN_BLOCKS 4, 128 registers) spilled and made the step 3.4% slower. Now
+/// that kernel bounds its own residency to one block an SM (`mix_down_nvfp4`'s MAX_BLOCKS), its
+/// blocks spread as SMs free up, and letting it in after the wait, with the output projections
+/// doing the same, made the step 3.7% faster at 1k and 32k (one NVIDIA H100, 2026-12-06).
 ///
 /// MIN_BLOCKS is the residency the kernel is compiled for (`__launch_bounds__`, 0 for none): ptxas
 /// keeps a batch's loads together only when its register budget holds them. At the defaults (two
@@ -68,7 +71,7 @@ pub fn moe_down_nvfp4(
     #[tile(default = 16, candidates = [8, 16, 32])] BATCH: u32,
     #[tile(default = 0, candidates = [0, 2, 4, 6])] MIN_BLOCKS: u32,
     #[tile(default = true, candidates = [false, true])] I8: bool,
-    #[tile(default = 1, candidates = [0, 1])] TRIGGER: u32,
+    #[tile(default = 0, candidates = [0, 1])] TRIGGER: u32,
     h_staged: &[u32x4],
     h_scale: &[f32],
     ids: &[u32],
