@@ -49,8 +49,9 @@
 // launch; behind GDN's state update and QSA's combine it gained nothing and slowed those (their
 // own loads met these), so the default stays 0 and the QSA plan asks for 8.
 //
-// TRIGGER says when the next kernel may launch: 1 (the default) not before this grid ends, 0
-// once past the wait (on the row path without EARLY, past its weight loads too). Where the next kernel is a mix site's down-projection, 0 lets its blocks
+// TRIGGER says when the next kernel may launch: 1 (the default, and the first candidate, so that
+// the autotuner keeps it on a tie) not before this grid ends, 0 once past the wait (on the row
+// path without EARLY, past its weight loads too). Where the next kernel is a mix site's down-projection, 0 lets its blocks
 // load their weights during this grid's tail; on the H200 that made the step 9% slower
 // (2026-12-01) while those blocks piled onto the few SMs with room, and since they keep to one
 // an SM (`mix_down_nvfp4`'s MAX_BLOCKS) it makes the step 3.7% faster (one NVIDIA H100,

@@ -95,8 +95,9 @@ pub fn fitting(
 /// launch; behind GDN's state update and QSA's combine it gained nothing and slowed those (their
 /// own loads met these), so the default stays 0 and the QSA plan asks for 8.
 ///
-/// TRIGGER says when the next kernel may launch: 1 (the default) not before this grid ends, 0
-/// once past the wait (on the row path without EARLY, past its weight loads too). Where the next kernel is a mix site's down-projection, 0 lets its blocks
+/// TRIGGER says when the next kernel may launch: 1 (the default, and the first candidate, so that
+/// the autotuner keeps it on a tie) not before this grid ends, 0 once past the wait (on the row
+/// path without EARLY, past its weight loads too). Where the next kernel is a mix site's down-projection, 0 lets its blocks
 /// load their weights during this grid's tail; on the H200 that made the step 9% slower
 /// (2026-12-01) while those blocks piled onto the few SMs with room, and since they keep to one
 /// an SM (`mix_down_nvfp4`'s MAX_BLOCKS) it makes the step 3.7% faster (one NVIDIA H100,
@@ -139,7 +140,7 @@ pub fn gemv_nvfp4(
     #[tile(default = 0, candidates = [0, 8])] EARLY: u32,
     #[tile(default = 0, candidates = [0, 2, 4])] ROWS: u32,
     #[tile(default = 3, candidates = [1, 2, 3])] STEPS: u32,
-    #[tile(default = 1, candidates = [0, 1])] TRIGGER: u32,
+    #[tile(default = 1, candidates = [1, 0])] TRIGGER: u32,
     packed: &[e2m1x2],
     // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
     scales: &[u8],
