@@ -66,26 +66,13 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
                 block = Some(nv.value);
             }
             Meta::NameValue(nv) if nv.path.is_ident("min_blocks") => {
-                tiles_alone(
-                    &nv.value,
-                    scope,
-                    "`min_blocks` depends on tiles alone (it is the second argument of __launch_bounds__)",
-                )?;
-                if min_blocks.is_some() {
-                    return Err(syn::Error::new_spanned(&nv.path, "`min_blocks` is given twice"));
-                }
-                min_blocks = Some(nv.value);
+                let why = "`min_blocks` depends on tiles alone (it is the second argument of __launch_bounds__)";
+                bound_once(&mut min_blocks, nv, scope, why)?;
             }
             Meta::NameValue(nv) if nv.path.is_ident("max_blocks") => {
-                tiles_alone(
-                    &nv.value,
-                    scope,
-                    "`max_blocks` depends on tiles alone (the engine bounds the residency when it loads the kernel)",
-                )?;
-                if max_blocks.is_some() {
-                    return Err(syn::Error::new_spanned(&nv.path, "`max_blocks` is given twice"));
-                }
-                max_blocks = Some(nv.value);
+                let why =
+                    "`max_blocks` depends on tiles alone (the engine bounds the residency when it loads the kernel)";
+                bound_once(&mut max_blocks, nv, scope, why)?;
             }
             Meta::NameValue(nv) if nv.path.is_ident("grid") => {
                 let dims: Vec<Expr> = match nv.value {
@@ -151,6 +138,18 @@ pub(crate) fn parse(attr: proc_macro2::TokenStream, scope: &Scope<'_>) -> syn::R
         cooperative,
         helpers,
     })
+}
+
+/// A residency bound (`min_blocks`, `max_blocks`) into `slot`: tiles alone (`why` says why),
+/// given once.
+fn bound_once(slot: &mut Option<Expr>, nv: syn::MetaNameValue, scope: &Scope<'_>, why: &str) -> syn::Result<()> {
+    tiles_alone(&nv.value, scope, why)?;
+    if slot.is_some() {
+        let name = nv.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+        return Err(syn::Error::new_spanned(&nv.path, format!("`{name}` is given twice")));
+    }
+    *slot = Some(nv.value);
+    Ok(())
 }
 
 /// An error at the first scalar argument `expr` reads: what `__launch_bounds__` takes is fixed
