@@ -51,11 +51,12 @@
 //
 // TRIGGER says when the next kernel may launch: 1 (the default, and the first candidate, so that
 // the autotuner keeps it on a tie) not before this grid ends, 0 once past the wait (on the row
-// path without EARLY, past its weight loads too). Where the next kernel is a mix site's down-projection, 0 lets its blocks
-// load their weights during this grid's tail; on the H200 that made the step 9% slower
-// (2026-12-01) while those blocks piled onto the few SMs with room, and since they keep to one
-// an SM (`mix_down_nvfp4`'s MAX_BLOCKS) it makes the step 3.7% faster (one NVIDIA H100,
-// 2026-12-06, with the MoE's down projection doing the same): `ROW_PATH` takes 0.
+// path without EARLY, past its weight loads too). Where the next kernel is a mix site's
+// down-projection, 0 lets its blocks load their weights during this grid's tail. On the H200
+// that made the step 9% slower (2026-12-01) while those blocks piled onto the few SMs with room;
+// since they keep to one an SM (`mix_down_nvfp4`'s MAX_BLOCKS) it makes the step 3.7% to 4.4%
+// faster (one NVIDIA H100, 2026-12-06, with the MoE's down projection doing the same), so
+// `ROW_PATH` takes 0.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };

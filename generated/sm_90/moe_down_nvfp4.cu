@@ -37,7 +37,8 @@
 // leave room instead (MIN_BLOCKS 4, 128 registers) spilled and made the step 3.4% slower. Now
 // that kernel bounds its own residency to one block an SM (`mix_down_nvfp4`'s MAX_BLOCKS), its
 // blocks spread as SMs free up, and letting it in after the wait, with the output projections
-// doing the same, made the step 3.7% faster at 1k and 32k (one NVIDIA H100, 2026-12-06).
+// doing the same, made the step 3.7% to 4.4% faster at 1k and 32k (one NVIDIA H100,
+// 2026-12-06).
 //
 // MIN_BLOCKS is the residency the kernel is compiled for (`__launch_bounds__`, 0 for none): ptxas
 // keeps a batch's loads together only when its register budget holds them. At the defaults (two

@@ -61,9 +61,9 @@ impl<K: KernelDef> LoadedKernel<K> {
 
     /// Applies the tiles' `max_blocks` (`#[kernel(max_blocks = ...)]`): each launch reserves, for
     /// every block, the least dynamic shared memory that keeps at most that many blocks on an SM
-    /// (`super::residency`), on a device whose blocks may take up to `max_per_block` bytes. The bound is for speed, not
-    /// correctness: where shared memory cannot make it (no device we know of), the kernel runs
-    /// unbounded and says so.
+    /// (`super::residency`), on a device whose blocks may take up to `max_per_block` bytes. The
+    /// bound is for speed, not correctness: where shared memory cannot make it (no device we know
+    /// of), the kernel runs unbounded and says so.
     pub(crate) fn bound_residency(mut self, max_per_block: u32) -> Result<Self> {
         use kernel_dsl::TileSet as _;
         let most = self.tiles.max_blocks();
@@ -106,8 +106,9 @@ impl<K: KernelDef> LoadedKernel<K> {
     }
 
     /// How many blocks of this kernel the whole device holds at once (the driver's occupancy for
-    /// its block size, registers and shared memory, the reservation included, times the SMs): a kernel whose blocks wait for
-    /// each other (a software grid barrier) needs its grid no larger than this.
+    /// its block size, registers and shared memory, the reservation included, times the SMs): a
+    /// kernel whose blocks wait for each other (a software grid barrier) needs its grid no larger
+    /// than this.
     pub fn co_resident_blocks(&self, gpu: &Gpu) -> Result<u32> {
         use kernel_dsl::TileSet as _;
         let mut per_sm: std::ffi::c_int = 0;

@@ -21,10 +21,10 @@
 //! blocks on the few SMs with room, several on one. Its tile MAX_BLOCKS (`max_blocks`, default 1)
 //! has the engine reserve shared memory so that no two of its blocks share an SM, and the
 //! predecessors let it launch right after their own wait. One NVIDIA H100, 2026-12-06: the step
-//! 3.7% faster at 1k and 32k than with the predecessors letting it in only when they end (which
-//! they did from 2026-12-02 to keep its blocks apart; BENCHMARKS.md, step section). Both launch-1
-//! kernels use nothing they load before their wait: with bf16 mix weights the H200 step was 1.8%
-//! faster for it (2026-12-02), though the bf16 site alone is 2% slower.
+//! 3.7% to 4.4% faster at 1k and 32k than with the predecessors letting it in only when they end
+//! (which they did from 2026-12-02 to keep its blocks apart; BENCHMARKS.md, step section). Both
+//! launch-1 kernels use nothing they load before their wait: with bf16 mix weights the H200 step
+//! was 1.8% faster for it (2026-12-02), though the bf16 site alone is 2% slower.
 //!
 //! The residual streams are bf16, as the reference model stores them: the write is
 //! `X_s ← bf16(fma(ω_s, y, X_s))`, computed identically (one f32 fma, one rounding) by every
