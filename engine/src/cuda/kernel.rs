@@ -143,8 +143,11 @@ impl<K: KernelDef> LoadedKernel<K> {
     /// early ones take from the running one (SM room, and DRAM time for their pre-wait loads).
     /// On the H200 (BENCHMARKS.md, step section, session 24) both mix kernels triggering at their
     /// top made the step 1.6% slower than triggering after their wait, and `gemv_nvfp4`
-    /// triggering after its wait 9% slower than not at all: the step's kernels trigger after
-    /// their wait or, where measured better, at their exit. A kernel
+    /// triggering after its wait 9% slower than not at all, while the mix kernel after it piled
+    /// its blocks onto the few SMs with room; since that kernel keeps to one block an SM
+    /// (`max_blocks`, [`reserved_shared`](Self::reserved_shared)) the early trigger gains (4.4% on
+    /// an H100, session 43). The step's kernels trigger after their wait or, where measured
+    /// better, at their exit. A kernel
     /// declared `#[kernel(..., cooperative)]` is launched cooperatively (`LaunchDims::cooperative`):
     /// the driver makes all its blocks resident at once or fails the launch
     /// (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`), so its grid barriers cannot wait for a block
