@@ -94,17 +94,44 @@ fn judge(target: &Target, k: &Kernel) -> Compiled {
     Compiled { registers: Some(r.registers), shared_bytes: Some(shared), spills: Some(spills), pruned }
 }
 
-/// Every knob's settings, each set into `start`: the shape checks, then the compiles.
-/// `result[knob][choice]`.
+/// Tiles the search holds at the start's value (the plan's): each decides how a kernel's launch
+/// meets its neighbours in the step (when the next kernel may launch; how many blocks of a grid
+/// launched early an SM takes), and a unit's harness, whose neighbours are its own family's
+/// kernels, cannot time that. The step can, with pinned tables (`autotune --pin`, then
+/// `benches/step.rs`), and that is how these were chosen (BENCHMARKS.md, step section: the mix's
+/// down-projection one block an SM, let in after its predecessors' wait, 4.4% on an H100).
+pub const HELD: &[(&str, &str)] = &[
+    ("gemv_nvfp4", "TRIGGER"),
+    ("moe_down_nvfp4", "TRIGGER"),
+    ("gdn_delta_rule_normed", "TRIGGER"),
+    ("mix_down_bf16", "MAX_BLOCKS"),
+    ("mix_down_nvfp4", "MAX_BLOCKS"),
+];
+
+/// The tile of [`HELD`] that `choice` would change from `current` (tiles strings of `kernel`).
+fn held_change(kernel: &str, current: &str, choice: &str) -> Option<&'static str> {
+    let value = |tiles: &str, name: &str| {
+        tiles.split_whitespace().find_map(|p| p.strip_prefix(name)?.strip_prefix('=')).map(str::to_owned)
+    };
+    HELD.iter().filter(|(k, _)| *k == kernel).map(|(_, t)| *t).find(|t| value(current, t) != value(choice, t))
+}
+
+/// Every knob's settings, each set into `start`: the held tiles ([`HELD`]), the shape checks,
+/// then the compiles. `result[knob][choice]`.
 pub fn enumerate<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -> Vec<Vec<Compiled>> {
     let mut kernels = Vec::new();
     // (knob, choice) → index into `kernels`, or the shape's verdict.
     let mut slots: Vec<Vec<Result<Option<usize>, String>>> = Vec::new();
     for k in &unit.knobs {
         let mut row = Vec::new();
+        let current = k.get(&start);
         for c in &k.choices {
             let mut t = start;
             k.set(&mut t, c);
+            if let Some(tile) = held_change(k.kernel, &current, c) {
+                row.push(Err(format!("pruned: held: {tile} is chosen in the step, not by this unit's timing")));
+                continue;
+            }
             let slot = match k.fits(&t).and_then(|()| unit.valid(&t)) {
                 Err(e) => Err(format!("pruned: shape: {e}")),
                 Ok(()) => match k.specialize(&t, target.arch) {
@@ -376,11 +403,37 @@ mod tests {
         let unit = plan.units(48).mix;
         let e = choose_untimed(&unit, plan.mix_tiles, &target(101_376));
         assert_eq!(e.winner, unit.choices(&plan.mix_tiles, Arch::Sm121a));
-        assert!(e.candidates.iter().all(|c| c.registers.is_some() || c.verdict.starts_with("pruned: shape")), "{e:?}");
+        let judged = |v: &str| v.starts_with("pruned: shape") || v.starts_with("pruned: held");
+        assert!(e.candidates.iter().all(|c| c.registers.is_some() || judged(&c.verdict)), "{e:?}");
+        // The down-projections' residency bound is the step's choice: held at the plan's 1.
+        let held: Vec<_> = e.candidates.iter().filter(|c| c.verdict.starts_with("pruned: held")).collect();
+        assert!(!held.is_empty(), "{e:?}");
+        assert!(held.iter().all(|c| c.knob == "down" && c.tiles.contains("MAX_BLOCKS=0")), "{held:?}");
+        assert!(
+            e.candidates
+                .iter()
+                .filter(|c| c.knob == "down")
+                .all(|c| !c.tiles.contains("MAX_BLOCKS=0") || judged(&c.verdict))
+        );
         let starved = choose_untimed(&unit, plan.mix_tiles, &target(0));
         let shared: Vec<_> = starved.candidates.iter().filter(|c| c.shared_bytes.is_some_and(|b| b > 0)).collect();
         assert!(!shared.is_empty(), "the mix kernels use shared memory");
         assert!(shared.iter().all(|c| c.verdict.contains("shared memory")), "{shared:?}");
+    }
+
+    /// A held tile counts only for its kernel, by its exact name, and only when it changes.
+    #[test]
+    fn held_tiles_are_named_per_kernel() {
+        let row = "LANES=16 WARPS=4 K_SPLIT=1 UNROLL=4 MMA=0 EARLY=8 ROWS=2 STEPS=3 TRIGGER=0";
+        assert_eq!(held_change("gemv_nvfp4", row, &row.replace("TRIGGER=0", "TRIGGER=1")), Some("TRIGGER"));
+        assert_eq!(held_change("gemv_nvfp4", row, &row.replace("WARPS=4", "WARPS=8")), None);
+        assert_eq!(held_change("gemv_bf16", row, &row.replace("TRIGGER=0", "TRIGGER=1")), None, "not held there");
+        let down = "ROWS=2 WARPS=5 CHUNKS=5 MAX_BLOCKS=1";
+        assert_eq!(
+            held_change("mix_down_nvfp4", down, &down.replace("MAX_BLOCKS=1", "MAX_BLOCKS=0")),
+            Some("MAX_BLOCKS")
+        );
+        assert_eq!(held_change("mix_down_nvfp4", down, &down.replace("ROWS=2", "ROWS=4")), None);
     }
 
     /// The QSA unit at 32k and the PLE unit (NVFP4 rows) of the published step, without their
