@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaStream};
-use kernel_dsl::{KernelArgs, KernelDef, KernelKey, LaunchDims, ParamValue};
+use kernel_dsl::{KernelArgs, KernelDef, KernelKey, LaunchDims, ParamValue, TileSet as _};
 
 use super::device::Gpu;
 use super::nvrtc::Resources;
@@ -65,7 +65,6 @@ impl<K: KernelDef> LoadedKernel<K> {
     /// bound is for speed, not correctness: where shared memory cannot make it (no device we know
     /// of), the kernel runs unbounded and says so.
     pub(crate) fn bound_residency(mut self, max_per_block: u32) -> Result<Self> {
-        use kernel_dsl::TileSet as _;
         let most = self.tiles.max_blocks();
         if most == 0 {
             return Ok(self);
@@ -110,7 +109,6 @@ impl<K: KernelDef> LoadedKernel<K> {
     /// kernel whose blocks wait for each other (a software grid barrier) needs its grid no larger
     /// than this.
     pub fn co_resident_blocks(&self, gpu: &Gpu) -> Result<u32> {
-        use kernel_dsl::TileSet as _;
         let mut per_sm: std::ffi::c_int = 0;
         let threads = self.tiles.block_threads() as std::ffi::c_int;
         // SAFETY: the function belongs to a module this kernel keeps loaded; `per_sm` outlives

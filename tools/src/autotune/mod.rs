@@ -110,10 +110,12 @@ pub const HELD: &[(&str, &str)] = &[
 
 /// The tile of [`HELD`] that `choice` would change from `current` (tiles strings of `kernel`).
 fn held_change(kernel: &str, current: &str, choice: &str) -> Option<&'static str> {
-    let value = |tiles: &str, name: &str| {
-        tiles.split_whitespace().find_map(|p| p.strip_prefix(name)?.strip_prefix('=')).map(str::to_owned)
-    };
-    HELD.iter().filter(|(k, _)| *k == kernel).map(|(_, t)| *t).find(|t| value(current, t) != value(choice, t))
+    HELD.iter().filter(|(k, _)| *k == kernel).map(|(_, t)| *t).find(|t| tile_value(current, t) != tile_value(choice, t))
+}
+
+/// Tile `name`'s value in a tiles string (`ROWS=2 WARPS=5 ...`, as `engine::tuned::tiles_string` writes it).
+fn tile_value<'a>(tiles: &'a str, name: &str) -> Option<&'a str> {
+    tiles.split_whitespace().find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// Every knob's settings, each set into `start`: the held tiles ([`HELD`]), the shape checks,
@@ -419,6 +421,33 @@ mod tests {
         let shared: Vec<_> = starved.candidates.iter().filter(|c| c.shared_bytes.is_some_and(|b| b > 0)).collect();
         assert!(!shared.is_empty(), "the mix kernels use shared memory");
         assert!(shared.iter().all(|c| c.verdict.contains("shared memory")), "{shared:?}");
+    }
+
+    /// Every held (kernel, tile) names a tile the kernel declares, with more than one candidate:
+    /// a renamed tile or kernel would otherwise stop being held without a word.
+    #[test]
+    fn held_tiles_exist() {
+        use engine::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
+        use engine::kernels::gemv_nvfp4::gemv_nvfp4;
+        use engine::kernels::mix::{mix_down_bf16, mix_down_nvfp4};
+        use engine::kernels::moe::down::moe_down_nvfp4;
+        use engine::tuned::tile_choices;
+        use kernel_dsl::KernelDef as _;
+        fn declared<T: kernel_dsl::TileSet>(name: &str) -> (String, Vec<String>) {
+            (name.to_owned(), tile_choices::<T>().iter().map(engine::tuned::tiles_string).collect())
+        }
+        let kernels = [
+            declared::<gemv_nvfp4::Tiles>(gemv_nvfp4::Kernel::NAME),
+            declared::<moe_down_nvfp4::Tiles>(moe_down_nvfp4::Kernel::NAME),
+            declared::<gdn_delta_rule_normed::Tiles>(gdn_delta_rule_normed::Kernel::NAME),
+            declared::<mix_down_bf16::Tiles>(mix_down_bf16::Kernel::NAME),
+            declared::<mix_down_nvfp4::Tiles>(mix_down_nvfp4::Kernel::NAME),
+        ];
+        for (kernel, tile) in HELD {
+            let (_, choices) = kernels.iter().find(|(k, _)| k == kernel).unwrap_or_else(|| panic!("{kernel}"));
+            let values: std::collections::BTreeSet<&str> = choices.iter().filter_map(|c| tile_value(c, tile)).collect();
+            assert!(values.len() > 1, "{kernel} declares no tile {tile} with several values: {values:?}");
+        }
     }
 
     /// A held tile counts only for its kernel, by its exact name, and only when it changes.
