@@ -774,10 +774,34 @@ fn max_blocks_is_a_launch_property_checked_against_min_blocks() {
     assert!(!candidates.contains(&spread::Tiles { min_blocks: 2, max_blocks: 1 }));
 }
 
+/// `#[tile(..., step)]` marks a tile that only the whole step can time; the mark is metadata
+/// for the autotuner (`TileSet::CHOSEN_IN_STEP`), not code.
+#[test]
+fn a_step_mark_names_its_tiles_and_compiles_nothing() {
+    assert_eq!(spread::Tiles::CHOSEN_IN_STEP, ["MAX_BLOCKS"]);
+    assert!(overlap_bound::Tiles::CHOSEN_IN_STEP.is_empty(), "unmarked tiles: none");
+    // The same kernel unmarked emits the same CUDA, name aside.
+    let t = spread::Tiles { min_blocks: 2, max_blocks: 0 };
+    let u = spread_unmarked::Tiles { min_blocks: 2, max_blocks: 0 };
+    let marked = cuda::<spread::Kernel>(&t, Arch::Sm90);
+    let unmarked = cuda::<spread_unmarked::Kernel>(&u, Arch::Sm90);
+    assert_eq!(marked, unmarked.replace("spread_unmarked", "spread"));
+}
+
+#[kernel(block = 128, grid = n, min_blocks = MIN_BLOCKS, max_blocks = MAX_BLOCKS)]
+fn spread_unmarked(
+    #[tile(default = 0, candidates = [0, 2])] MIN_BLOCKS: u32,
+    #[tile(default = 1, candidates = [0, 1])] MAX_BLOCKS: u32,
+    y: &mut [f32],
+    n: u32,
+) {
+    y[block_idx()] = 1.0;
+}
+
 #[kernel(block = 128, grid = n, min_blocks = MIN_BLOCKS, max_blocks = MAX_BLOCKS)]
 fn spread(
     #[tile(default = 0, candidates = [0, 2])] MIN_BLOCKS: u32,
-    #[tile(default = 1, candidates = [0, 1])] MAX_BLOCKS: u32,
+    #[tile(default = 1, candidates = [0, 1], step)] MAX_BLOCKS: u32,
     y: &mut [f32],
     n: u32,
 ) {

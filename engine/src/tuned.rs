@@ -233,6 +233,9 @@ pub struct Knob<S> {
     pub kernel: &'static str,
     /// Every setting, defaults first, as text.
     pub choices: Vec<String>,
+    /// The kernel's tiles that only the whole step can time (`TileSet::CHOSEN_IN_STEP`): the
+    /// autotuner holds them at the plan's value.
+    pub chosen_in_step: &'static [&'static str],
     get: Boxed<dyn Fn(&S) -> String + Send + Sync>,
     set: Boxed<Setter<S>>,
     fits: Boxed<Checker<S>>,
@@ -262,6 +265,7 @@ impl<S: Copy> Knob<S> {
             name,
             kernel: K::NAME,
             choices: tile_choices::<K::Tiles>().iter().map(tiles_string).collect(),
+            chosen_in_step: K::Tiles::CHOSEN_IN_STEP,
             get: Box::new(move |s| tiles_string(&tiles(s))),
             set: Box::new(move |s, text| {
                 match tile_choices::<K::Tiles>().into_iter().find(|t| tiles_string(t) == text) {
@@ -631,6 +635,7 @@ pub fn lm_head_unit(vocab: usize, hidden: usize, sms: u32, nvfp4: bool) -> Unit<
         name: "waves",
         kernel: "grid",
         choices: LM_HEAD_WAVES.iter().map(u32::to_string).collect(),
+        chosen_in_step: &[],
         get: Box::new(|t: &LmHeadTiles| t.waves.to_string()),
         set: Box::new(|t, text| match text.parse::<u32>() {
             Ok(w) if LM_HEAD_WAVES.contains(&w) => {

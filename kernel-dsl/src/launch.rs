@@ -158,6 +158,12 @@ pub trait TileSet: Copy + fmt::Debug + Eq + Hash + Send + Sync + 'static {
     /// The defaults: valid on every architecture.
     const DEFAULT: Self;
 
+    /// The tiles marked `step` (`#[tile(..., step)]`), by name: each decides how the kernel's
+    /// launch meets its neighbours in the decode step (when the next kernel may launch, how many
+    /// blocks of an early grid an SM takes), which a harness of the kernel alone cannot time. The
+    /// autotuner holds them at the plan's value; pinned tables and the step bench choose them.
+    const CHOSEN_IN_STEP: &'static [&'static str] = &[];
+
     /// The values by tile name, in declaration order.
     fn values(&self) -> Vec<(&'static str, TileValue)>;
 

@@ -141,7 +141,7 @@ pub fn gemv_nvfp4(
     #[tile(default = 0, candidates = [0, 8])] EARLY: u32,
     #[tile(default = 0, candidates = [0, 2, 4])] ROWS: u32,
     #[tile(default = 3, candidates = [1, 2, 3])] STEPS: u32,
-    #[tile(default = 1, candidates = [1, 0])] TRIGGER: u32,
+    #[tile(default = 1, candidates = [1, 0], step)] TRIGGER: u32,
     packed: &[e2m1x2],
     // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
     scales: &[u8],

@@ -146,6 +146,13 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
             )
         }
     };
+    // The tiles marked `step`, by name.
+    let in_step: Vec<String> = decl.tiles.iter().filter(|t| t.chosen_in_step).map(|t| t.name.to_string()).collect();
+    let in_step = if in_step.is_empty() {
+        quote!()
+    } else {
+        quote!(const CHOSEN_IN_STEP: &'static [&'static str] = &[#(#in_step),*];)
+    };
     quote! {
         /// The tile parameters: compile-time shapes the emitter writes as constants.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -153,6 +160,8 @@ pub(crate) fn generate(decl: &KernelDecl) -> TokenStream {
 
         impl #dsl::TileSet for Tiles {
             const DEFAULT: Self = Tiles { #(#defaults),* };
+
+            #in_step
 
             fn values(&self) -> ::std::vec::Vec<(&'static str, #dsl::TileValue)> {
                 ::std::vec![#(#values),*]

@@ -1,5 +1,7 @@
 //! `#[tile(default = 4, candidates = [1, 2, 4, 8])] NAME: u32` parameters: compile-time values the
-//! emitter substitutes as constants, with the set the autotuner may choose from.
+//! emitter substitutes as constants, with the set the autotuner may choose from. A tile marked
+//! `step` (`#[tile(default = 0, candidates = [0, 1], step)]`) decides how the kernel's launch meets
+//! its neighbours in the decode step; the autotuner's unit harnesses cannot time it.
 
 use kernel_dsl::TileValue;
 use kernel_dsl::ir::TileType;
@@ -14,6 +16,8 @@ pub(crate) struct TileDecl {
     pub(crate) default: TileValue,
     /// Non-empty, the default among them, no repeats.
     pub(crate) candidates: Vec<TileValue>,
+    /// `step`: chosen by timing the whole step (pinned tables), not a kernel's harness.
+    pub(crate) chosen_in_step: bool,
 }
 
 impl TileDecl {
@@ -44,8 +48,15 @@ pub(crate) fn parse(attr: &syn::Attribute, pat: &syn::PatType) -> syn::Result<Ti
     let metas = attr.parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)?;
     let mut default = None;
     let mut candidates = None;
+    let mut chosen_in_step = false;
     for meta in &metas {
         match meta {
+            Meta::Path(p) if p.is_ident("step") => {
+                if chosen_in_step {
+                    return Err(syn::Error::new_spanned(p, "`step` is given twice"));
+                }
+                chosen_in_step = true;
+            }
             Meta::NameValue(nv) if nv.path.is_ident("default") => default = Some(value(&nv.value, ty)?),
             Meta::NameValue(nv) if nv.path.is_ident("candidates") => {
                 let Expr::Array(arr) = &nv.value else {
@@ -63,7 +74,7 @@ pub(crate) fn parse(attr: &syn::Attribute, pat: &syn::PatType) -> syn::Result<Ti
                 candidates = Some((values, arr.span()));
             }
             other => {
-                return Err(syn::Error::new_spanned(other, "expected `default = ...` or `candidates = [...]`"));
+                return Err(syn::Error::new_spanned(other, "expected `default = ...`, `candidates = [...]` or `step`"));
             }
         }
     }
@@ -78,7 +89,7 @@ pub(crate) fn parse(attr: &syn::Attribute, pat: &syn::PatType) -> syn::Result<Ti
         None if ty == TileType::Bool => vec![TileValue::Bool(false), TileValue::Bool(true)],
         None => vec![default],
     };
-    Ok(TileDecl { name, ty, default, candidates })
+    Ok(TileDecl { name, ty, default, candidates, chosen_in_step })
 }
 
 fn value(e: &Expr, ty: TileType) -> syn::Result<TileValue> {

@@ -94,23 +94,16 @@ fn judge(target: &Target, k: &Kernel) -> Compiled {
     Compiled { registers: Some(r.registers), shared_bytes: Some(shared), spills: Some(spills), pruned }
 }
 
-/// Tiles the search holds at the start's value (the plan's): each decides how a kernel's launch
+/// The tile, of those `knob`'s kernel marks `step` (`#[tile(..., step)]`, `TileSet::CHOSEN_IN_STEP`),
+/// that `choice` would change from `current` (tiles strings). Each decides how a kernel's launch
 /// meets its neighbours in the step (when the next kernel may launch; how many blocks of a grid
 /// launched early an SM takes), and a unit's harness, whose neighbours are its own family's
-/// kernels, cannot time that. The step can, with pinned tables (`autotune --pin`, then
-/// `benches/step.rs`), and that is how these were chosen (BENCHMARKS.md, step section: the mix's
-/// down-projection one block an SM, let in after its predecessors' wait, 4.4% on an H100).
-pub const HELD: &[(&str, &str)] = &[
-    ("gemv_nvfp4", "TRIGGER"),
-    ("moe_down_nvfp4", "TRIGGER"),
-    ("gdn_delta_rule_normed", "TRIGGER"),
-    ("mix_down_bf16", "MAX_BLOCKS"),
-    ("mix_down_nvfp4", "MAX_BLOCKS"),
-];
-
-/// The tile of [`HELD`] that `choice` would change from `current` (tiles strings of `kernel`).
-fn held_change(kernel: &str, current: &str, choice: &str) -> Option<&'static str> {
-    HELD.iter().filter(|(k, _)| *k == kernel).map(|(_, t)| *t).find(|t| tile_value(current, t) != tile_value(choice, t))
+/// kernels, cannot time that; the search holds them at the start's value (the plan's). The step
+/// can, with pinned tables (`autotune --pin`, then `benches/step.rs`), and that is how they were
+/// chosen (BENCHMARKS.md, step section: the mix's down-projection one block an SM, let in after
+/// its predecessors' wait, 4.4% on an H100).
+fn held_change(chosen_in_step: &[&'static str], current: &str, choice: &str) -> Option<&'static str> {
+    chosen_in_step.iter().copied().find(|t| tile_value(current, t) != tile_value(choice, t))
 }
 
 /// Tile `name`'s value in a tiles string (`ROWS=2 WARPS=5 ...`, as `engine::tuned::tiles_string` writes it).
@@ -118,7 +111,7 @@ fn tile_value<'a>(tiles: &'a str, name: &str) -> Option<&'a str> {
     tiles.split_whitespace().find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
 }
 
-/// Every knob's settings, each set into `start`: the held tiles ([`HELD`]), the shape checks,
+/// Every knob's settings, each set into `start`: the held tiles ([`held_change`]), the shape checks,
 /// then the compiles. `result[knob][choice]`.
 pub fn enumerate<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -> Vec<Vec<Compiled>> {
     let mut kernels = Vec::new();
@@ -130,7 +123,7 @@ pub fn enumerate<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -
         for c in &k.choices {
             let mut t = start;
             k.set(&mut t, c);
-            if let Some(tile) = held_change(k.kernel, &current, c) {
+            if let Some(tile) = held_change(k.chosen_in_step, &current, c) {
                 row.push(Err(format!("pruned: held: {tile} is chosen in the step, not by this unit's timing")));
                 continue;
             }
@@ -423,46 +416,40 @@ mod tests {
         assert!(shared.iter().all(|c| c.verdict.contains("shared memory")), "{shared:?}");
     }
 
-    /// Every held (kernel, tile) names a tile the kernel declares, with more than one candidate:
-    /// a renamed tile or kernel would otherwise stop being held without a word.
+    /// The kernels whose launch the step's timing chose mark those tiles `step`, and the knobs
+    /// carry the marks: dropping a mark would let the unit harnesses choose the tile again.
     #[test]
-    fn held_tiles_exist() {
+    fn the_step_chosen_tiles_are_marked() {
         use engine::kernels::gdn::delta_rule_normed::gdn_delta_rule_normed;
         use engine::kernels::gemv_nvfp4::gemv_nvfp4;
         use engine::kernels::mix::{mix_down_bf16, mix_down_nvfp4};
         use engine::kernels::moe::down::moe_down_nvfp4;
-        use engine::tuned::tile_choices;
-        use kernel_dsl::KernelDef as _;
-        fn declared<T: kernel_dsl::TileSet>(name: &str) -> (String, Vec<String>) {
-            (name.to_owned(), tile_choices::<T>().iter().map(engine::tuned::tiles_string).collect())
-        }
-        let kernels = [
-            declared::<gemv_nvfp4::Tiles>(gemv_nvfp4::Kernel::NAME),
-            declared::<moe_down_nvfp4::Tiles>(moe_down_nvfp4::Kernel::NAME),
-            declared::<gdn_delta_rule_normed::Tiles>(gdn_delta_rule_normed::Kernel::NAME),
-            declared::<mix_down_bf16::Tiles>(mix_down_bf16::Kernel::NAME),
-            declared::<mix_down_nvfp4::Tiles>(mix_down_nvfp4::Kernel::NAME),
-        ];
-        for (kernel, tile) in HELD {
-            let (_, choices) = kernels.iter().find(|(k, _)| k == kernel).unwrap_or_else(|| panic!("{kernel}"));
-            let values: std::collections::BTreeSet<&str> = choices.iter().filter_map(|c| tile_value(c, tile)).collect();
-            assert!(values.len() > 1, "{kernel} declares no tile {tile} with several values: {values:?}");
-        }
+        use kernel_dsl::TileSet;
+        assert_eq!(gemv_nvfp4::Tiles::CHOSEN_IN_STEP, ["TRIGGER"]);
+        assert_eq!(moe_down_nvfp4::Tiles::CHOSEN_IN_STEP, ["TRIGGER"]);
+        assert_eq!(gdn_delta_rule_normed::Tiles::CHOSEN_IN_STEP, ["TRIGGER"]);
+        assert_eq!(mix_down_bf16::Tiles::CHOSEN_IN_STEP, ["MAX_BLOCKS"]);
+        assert_eq!(mix_down_nvfp4::Tiles::CHOSEN_IN_STEP, ["MAX_BLOCKS"]);
+        let plan = StepPlan::new(&ModelConfig::published(), Formats::NVFP4, 4096).expect("plan");
+        let unit = plan.units(48).mix;
+        let down = unit.knobs.iter().find(|k| k.kernel == "mix_down_nvfp4").expect("the down knob");
+        assert_eq!(down.chosen_in_step, ["MAX_BLOCKS"]);
     }
 
-    /// A held tile counts only for its kernel, by its exact name, and only when it changes.
+    /// A held tile counts by its exact name, and only when it changes.
     #[test]
-    fn held_tiles_are_named_per_kernel() {
+    fn held_tiles_count_when_they_change() {
         let row = "LANES=16 WARPS=4 K_SPLIT=1 UNROLL=4 MMA=0 EARLY=8 ROWS=2 STEPS=3 TRIGGER=0";
-        assert_eq!(held_change("gemv_nvfp4", row, &row.replace("TRIGGER=0", "TRIGGER=1")), Some("TRIGGER"));
-        assert_eq!(held_change("gemv_nvfp4", row, &row.replace("WARPS=4", "WARPS=8")), None);
-        assert_eq!(held_change("gemv_bf16", row, &row.replace("TRIGGER=0", "TRIGGER=1")), None, "not held there");
+        assert_eq!(held_change(&["TRIGGER"], row, &row.replace("TRIGGER=0", "TRIGGER=1")), Some("TRIGGER"));
+        assert_eq!(held_change(&["TRIGGER"], row, &row.replace("WARPS=4", "WARPS=8")), None);
+        assert_eq!(held_change(&[], row, &row.replace("TRIGGER=0", "TRIGGER=1")), None, "not held there");
         let down = "ROWS=2 WARPS=5 CHUNKS=5 MAX_BLOCKS=1";
         assert_eq!(
-            held_change("mix_down_nvfp4", down, &down.replace("MAX_BLOCKS=1", "MAX_BLOCKS=0")),
+            held_change(&["MAX_BLOCKS"], down, &down.replace("MAX_BLOCKS=1", "MAX_BLOCKS=0")),
             Some("MAX_BLOCKS")
         );
-        assert_eq!(held_change("mix_down_nvfp4", down, &down.replace("ROWS=2", "ROWS=4")), None);
+        assert_eq!(held_change(&["MAX_BLOCKS"], down, &down.replace("ROWS=2", "ROWS=4")), None);
+        assert_eq!(held_change(&["BLOCKS"], down, &down.replace("MAX_BLOCKS=1", "MAX_BLOCKS=0")), None, "whole names");
     }
 
     /// The QSA unit at 32k and the PLE unit (NVFP4 rows) of the published step, without their

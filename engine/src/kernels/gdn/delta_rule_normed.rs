@@ -54,7 +54,7 @@ pub fn gdn_delta_rule_normed(
     #[tile(default = 4, candidates = [2, 4, 8])] COL_LANES: u32,
     #[tile(default = 16, candidates = [4, 8, 16])] RPT: u32,
     #[tile(default = 8, candidates = [2, 4, 8, 16])] WARPS: u32,
-    #[tile(default = 0, candidates = [0, 1])] TRIGGER: u32,
+    #[tile(default = 0, candidates = [0, 1], step)] TRIGGER: u32,
     proj: &[f32],
     norm_w: &[bf16],
     state: &mut [f32],

@@ -72,7 +72,7 @@ pub fn moe_down_nvfp4(
     #[tile(default = 16, candidates = [8, 16, 32])] BATCH: u32,
     #[tile(default = 0, candidates = [0, 2, 4, 6])] MIN_BLOCKS: u32,
     #[tile(default = true, candidates = [false, true])] I8: bool,
-    #[tile(default = 0, candidates = [0, 1])] TRIGGER: u32,
+    #[tile(default = 0, candidates = [0, 1], step)] TRIGGER: u32,
     h_staged: &[u32x4],
     h_scale: &[f32],
     ids: &[u32],
