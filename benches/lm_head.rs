@@ -111,7 +111,16 @@ fn bench_lm_head(c: &mut Criterion) {
         }
     }
     let m = nvfp4_weights();
-    let mut tile_sets = vec![lm_head_argmax_nvfp4::Tiles::DEFAULT];
+    // Without the sweep, the defaults and the defaults with each DYNAMIC candidate (the share of
+    // rows handed out at run time).
+    let base = lm_head_argmax_nvfp4::Tiles::DEFAULT;
+    let mut tile_sets = vec![base];
+    for t in lm_head_argmax_nvfp4::Tiles::candidates() {
+        let with = lm_head_argmax_nvfp4::Tiles { dynamic: t.dynamic, ..base };
+        if !tile_sets.contains(&with) {
+            tile_sets.push(with);
+        }
+    }
     if sweep {
         tile_sets = lm_head_argmax_nvfp4::Tiles::candidates();
     }

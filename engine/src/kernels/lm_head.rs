@@ -15,9 +15,11 @@
 //! the lower id, as `reference::decoder::argmax` has it.
 //!
 //! Rows: warp w of block b takes row tiles b·WARPS + w, then every `blocks·WARPS` further
-//! (`blocks`, the grid, is the caller's: a few waves of the device's SMs). Partials
-//! `best_key`/`best_row` [blocks] and the counter `counter` [1] (zero before the first launch,
-//! put back to zero by the last block) make the launch graph-safe.
+//! (`blocks`, the grid, is the caller's: a few waves of the device's SMs); the NVFP4 kernel can
+//! hand the last of its rows out at run time instead (its tile DYNAMIC). Partials
+//! `best_key`/`best_row` [blocks] and the counters `counter` [2] (blocks done, and the NVFP4
+//! kernel's next ticket; zero before the first launch, put back to zero by the last block) make
+//! the launch graph-safe.
 
 use kernel_macros::kernel;
 
@@ -104,6 +106,10 @@ pub fn lm_head_argmax_bf16(
 /// Loading the next row's steps before this row's products, or the first row's before x is
 /// staged, was slower in the same run (146 µs): the lane then holds two rows of codes, 96
 /// registers at 16 warps, and the SM runs one block instead of several.
+///
+/// The last DYNAMIC eighths of the rows go out at run time, a warp's groups at a time, from a
+/// ticket counter (`counter[1]`) that the last block puts back to zero: SMs stream at different
+/// rates, and a grid that splits every row by block index waits for its slowest SM.
 #[kernel(
     block = 32 * WARPS,
     grid = blocks,
@@ -125,6 +131,14 @@ pub fn lm_head_argmax_nvfp4(
     #[tile(default = 4, candidates = [4, 8, 16])] WARPS: u32,
     // Steps of a row a lane holds: 10 is the published row at 16 lanes.
     #[tile(default = 10, candidates = [10, 16])] STEPS: u32,
+    // Eighths of the rows handed out at run time, a warp's groups at a time (0: every row
+    // assigned by the block's index). One NVIDIA H100, 2026-12-06: 136.99 µs at 0 (p90 154.46),
+    // 135.07 at 1 (p90 135.52), 141.09 at 2, 158.27 at 4 (the atomics on one counter cost more
+    // than the balance gains once many rows go through it); the step 0.5% / 0.3% faster at 1k /
+    // 32k at 1 (three paired rounds). Not the default: at 1 ptxas spills 4 bytes on sm_121a,
+    // and a default must not spill (the grab a row ahead keeps the ticket live across the
+    // static rows; BENCHMARKS.md, lm_head section).
+    #[tile(default = 0, candidates = [0, 1, 2, 4])] DYNAMIC: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
     scale2: &[f32],
@@ -151,9 +165,35 @@ pub fn lm_head_argmax_nvfp4(
     let groups = 32 * WARPS / LANES;
     let mut key = 0u32;
     let mut row = u32::MAX;
-    // Every lane of a warp runs the same number of rows (vocab is a multiple of the warp's
-    // groups), so the shuffles below always see the whole warp.
-    for r in (block_idx() * groups + thread_idx() / LANES..vocab).step_by(blocks * groups) {
+    // Rows [0, static_end) go round the grid's groups in turn, each group every `all_groups`-th
+    // row from its own index (static_end = vocab with DYNAMIC 0; otherwise whole rounds, so
+    // that every group runs the same number). The rest go out at run time, a warp's groups at a
+    // time: lane 0 holds the next ticket (`counter[1]`), grabbed one row ahead so that the
+    // atomic's round trip hides behind a row's loads, and a ticket t is the warp's rows
+    // static_end + t·(32 / LANES) + its group. A warp whose rows are ahead of time (its SM
+    // streams faster, or it drew fewer static rows) takes more tickets; with the whole grid
+    // static the last block on the H100 ended 16 µs after the median one (session 43's traced
+    // step), and the launch's p90 was 13% above its median (this kernel's bench, 2026-12-06;
+    // 0.3% at DYNAMIC 1). The caller holds such a grid to the blocks the device runs at once
+    // (`layers::lm_head`: at 72 registers an SM takes 7 of them). A thread's rows rise,
+    // so a strict `>` below keeps the lower row on a tie. Every lane of a warp runs the same
+    // rows (vocab, and static_end, are multiples of the warp's groups), so the shuffles below
+    // always see the whole warp.
+    let all_groups = blocks * groups;
+    let static_end = if DYNAMIC == 0 { vocab } else { vocab / all_groups * (8 - DYNAMIC) / 8 * all_groups };
+    let warp_rows = 32 / LANES;
+    let mut ticket = 0u32;
+    if DYNAMIC > 0 && lane_id() == 0 {
+        ticket = atomic_add(counter, 1, 1);
+    }
+    let mut r = block_idx() * groups + thread_idx() / LANES;
+    if DYNAMIC > 0 && r >= static_end {
+        r = static_end + shfl(ticket, 0) * warp_rows + lane_id() / LANES;
+        if lane_id() == 0 {
+            ticket = atomic_add(counter, 1, 1);
+        }
+    }
+    while r < vocab {
         // The row's codes and block scales, every load issued before the first is used. The
         // scales stay e4m3 until they are used: converting one waits for its load, which would
         // hold back the loads behind it (the fill, `scales[0]`, is any e4m3; every entry used is
@@ -195,11 +235,23 @@ pub fn lm_head_argmax_nvfp4(
             key = k;
             row = r;
         }
+        if DYNAMIC == 0 || r + all_groups < static_end {
+            r += all_groups;
+        } else {
+            r = static_end + shfl(ticket, 0) * warp_rows + lane_id() / LANES;
+            if lane_id() == 0 {
+                ticket = atomic_add(counter, 1, 1);
+            }
+        }
     }
-    // The block's best, counted in; the last block's warp 0 goes on to choose the token.
+    // The block's best, counted in; the last block's warp 0 goes on to choose the token. Every
+    // block has taken its last ticket by then, so the last one may put the tickets back too.
     let last = count_block_best(key, row, best_key, best_row, counter, blocks);
     if last == 0 || warp_id() != 0 {
         return;
+    }
+    if DYNAMIC > 0 && lane_id() == 0 {
+        counter[1] = 0;
     }
     write_token(best_key, best_row, counter, token, blocks);
 }

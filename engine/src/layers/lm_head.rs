@@ -44,7 +44,8 @@ pub struct LmHead {
     blocks: u32,
     best_key: DeviceBuffer<u32>,
     best_row: DeviceBuffer<u32>,
-    /// Zero at allocation; the last block of every launch puts it back to zero.
+    /// Blocks done and the next ticket of the rows handed out at run time (the NVFP4 kernel's
+    /// DYNAMIC): zero at allocation; the last block of every launch puts both back to zero.
     counter: DeviceBuffer<u32>,
 }
 
@@ -137,8 +138,17 @@ impl LmHead {
         kernel: LmHeadKernel,
         waves: u32,
     ) -> Result<LmHead> {
-        let blocks = (gpu.info().sm_count * waves.max(1)).min(65_535);
-        let mut counter = gpu.alloc::<u32>(1)?;
+        let mut blocks = (gpu.info().sm_count * waves.max(1)).min(65_535);
+        // A grid that hands rows out at run time is held to the blocks the device runs at once: a
+        // block that waits for a slot would start when the others are done, the very tail the
+        // tickets remove (at 72 registers an SM holds 7 of its blocks, not the 8 of the default
+        // waves, and the H100 launch took 206 µs against 140 µs; 2026-12-06).
+        if let LmHeadKernel::Nvfp4(k) = &kernel
+            && k.tiles().dynamic > 0
+        {
+            blocks = blocks.min(k.co_resident_blocks(gpu)?.max(1));
+        }
+        let mut counter = gpu.alloc::<u32>(2)?;
         gpu.fill_bytes(&mut counter, 0)?;
         let head = LmHead {
             vocab,
@@ -254,8 +264,10 @@ impl LmHead {
         }
     }
 
-    /// The reduction's counter (zero between launches): for tests.
-    pub fn counter(&self, gpu: &Gpu) -> Result<u32> {
-        Ok(gpu.download(&self.counter)?[0])
+    /// The reduction's counters, blocks done and the next ticket (both zero between launches):
+    /// for tests.
+    pub fn counters(&self, gpu: &Gpu) -> Result<[u32; 2]> {
+        let c = gpu.download(&self.counter)?;
+        Ok([c[0], c[1]])
     }
 }
