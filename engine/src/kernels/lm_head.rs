@@ -136,7 +136,7 @@ pub fn lm_head_argmax_nvfp4(
     // 135.07 at 1 (p90 135.52), 141.09 at 2, 158.27 at 4 (the atomics on one counter cost more
     // than the balance gains once many rows go through it); the step 0.5% / 0.3% faster at 1k /
     // 32k at 1 (three paired rounds). Not the default: at 1 ptxas spills 4 bytes on sm_121a,
-    // and a default must not spill (the grab a row ahead keeps the ticket live across the
+    // and a default must not spill (the first ticket, grabbed at the start, is live across the
     // static rows; BENCHMARKS.md, lm_head section).
     #[tile(default = 0, candidates = [0, 1, 2, 4])] DYNAMIC: u32,
     packed: &[e2m1x2],
