@@ -25,8 +25,9 @@ use tools::autotune::{self, Target};
 /// context, and names the unit); PLE's format is its table rows', read from pinned host memory
 /// mapped for the device. Each knob (one kernel's tiles;
 /// the lm_head's waves) enumerates its declared tile sets; those that change a tile the step
-/// chooses (when the next kernel may launch, how many blocks an SM holds: the neighbours it meets
-/// there are not the unit's) are held at the plan's value, those the launch's shape checks refuse
+/// chooses (marked `#[tile(..., step)]`: when the next kernel may launch, how many blocks an SM
+/// holds; the neighbours it meets there are not the unit's) are held at the plan's value, those
+/// the launch's shape checks refuse
 /// are pruned, the rest compiled through NVRTC in parallel (and the kernel cache), and pruned again
 /// on the cubin's resources: spills, shared memory past the device's limit, a block the SM's
 /// registers cannot hold.
