@@ -94,8 +94,8 @@ fn judge(target: &Target, k: &Kernel) -> Compiled {
     Compiled { registers: Some(r.registers), shared_bytes: Some(shared), spills: Some(spills), pruned }
 }
 
-/// The tile, of those `knob`'s kernel marks `step` (`#[tile(..., step)]`, `TileSet::CHOSEN_IN_STEP`),
-/// that `choice` would change from `current` (tiles strings). Each decides how a kernel's launch
+/// The tile of `chosen_in_step` (those a knob's kernel marks `step`: `#[tile(..., step)]`,
+/// `TileSet::CHOSEN_IN_STEP`) that `choice` would change from `current` (tiles strings). Each decides how a kernel's launch
 /// meets its neighbours in the step (when the next kernel may launch; how many blocks of a grid
 /// launched early an SM takes), and a unit's harness, whose neighbours are its own family's
 /// kernels, cannot time that; the search holds them at the start's value (the plan's). The step
