@@ -191,9 +191,13 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
     const unsigned all_groups = blocks * groups;
     const unsigned static_end = vocab;
     const unsigned warp_rows = 2u;
-    unsigned ticket = 0u;
     unsigned r = blockIdx.x * groups + threadIdx.x / 16u;
+    unsigned ticket = 0u;
     while (r < vocab) {
+        const bool by_ticket = false;
+        if (by_ticket && (threadIdx.x & 31u) == 0u) {
+            ticket = atomicAdd(counter + 1u, 1u);
+        }
         const uint2 __fill_codes = make_uint2(0u, 0u);
         uint2 codes[10];
         #pragma unroll
@@ -240,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(128) lm_head_argmax_nvfp4(
             key = k_1;
             row = r;
         }
-        r += all_groups;
+        r = by_ticket ? static_end + __shfl_sync(0xffffffffu, ticket, 0u) * warp_rows + (threadIdx.x & 31u) / 16u : r + all_groups;
     }
     const unsigned key_1 = key;
     const unsigned row_1 = row;

@@ -168,8 +168,8 @@ pub fn lm_head_argmax_nvfp4(
     // Rows [0, static_end) go round the grid's groups in turn, each group every `all_groups`-th
     // row from its own index (static_end = vocab with DYNAMIC 0; otherwise whole rounds, so
     // that every group runs the same number). The rest go out at run time, a warp's groups at a
-    // time: lane 0 holds the next ticket (`counter[1]`), grabbed one row ahead so that the
-    // atomic's round trip hides behind a row's loads, and a ticket t is the warp's rows
+    // time: lane 0 takes the next ticket (`counter[1]`) at the top of the row before it (the
+    // last static row, or a ticket row), and a ticket t is the warp's rows
     // static_end + t·(32 / LANES) + its group. A warp whose rows are ahead of time (its SM
     // streams faster, or it drew fewer static rows) takes more tickets; with the whole grid
     // static the last block on the H100 ended 16 µs after the median one (session 43's traced
@@ -182,18 +182,22 @@ pub fn lm_head_argmax_nvfp4(
     let all_groups = blocks * groups;
     let static_end = if DYNAMIC == 0 { vocab } else { vocab / all_groups * (8 - DYNAMIC) / 8 * all_groups };
     let warp_rows = 32 / LANES;
-    let mut ticket = 0u32;
-    if DYNAMIC > 0 && lane_id() == 0 {
-        ticket = atomic_add(counter, 1, 1);
-    }
     let mut r = block_idx() * groups + thread_idx() / LANES;
-    if DYNAMIC > 0 && r >= static_end {
-        r = static_end + shfl(ticket, 0) * warp_rows + lane_id() / LANES;
+    let mut ticket = 0u32;
+    if DYNAMIC > 0 && static_end == 0 {
+        // Too few rows for a static round: every row goes by ticket.
         if lane_id() == 0 {
             ticket = atomic_add(counter, 1, 1);
         }
+        r = shfl(ticket, 0) * warp_rows + lane_id() / LANES;
     }
     while r < vocab {
+        // The row after this one comes by ticket: lane 0 takes it now, so that the atomic's
+        // round trip hides behind this row's loads.
+        let by_ticket = DYNAMIC > 0 && r + all_groups >= static_end;
+        if by_ticket && lane_id() == 0 {
+            ticket = atomic_add(counter, 1, 1);
+        }
         // The row's codes and block scales, every load issued before the first is used. The
         // scales stay e4m3 until they are used: converting one waits for its load, which would
         // hold back the loads behind it (the fill, `scales[0]`, is any e4m3; every entry used is
@@ -235,14 +239,7 @@ pub fn lm_head_argmax_nvfp4(
             key = k;
             row = r;
         }
-        if DYNAMIC == 0 || r + all_groups < static_end {
-            r += all_groups;
-        } else {
-            r = static_end + shfl(ticket, 0) * warp_rows + lane_id() / LANES;
-            if lane_id() == 0 {
-                ticket = atomic_add(counter, 1, 1);
-            }
-        }
+        r = if by_ticket { static_end + shfl(ticket, 0) * warp_rows + lane_id() / LANES } else { r + all_groups };
     }
     // The block's best, counted in; the last block's warp 0 goes on to choose the token. Every
     // block has taken its last ticket by then, so the last one may put the tickets back too.
