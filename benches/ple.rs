@@ -292,7 +292,7 @@ fn bench_block(gpu: &Gpu, out: &mut Sink, rng: &mut Rng, table: DevPtr<bf16>, ta
     let weights: Vec<PleWeightsOnDevice> = (0..WEIGHT_SETS)
         .map(|_| PleWeightsOnDevice {
             shape,
-            proj: zeros(shape.proj_rows() * shape.embed_dim()),
+            proj: engine::layers::matrix::MatrixOnDevice::Bf16(zeros(shape.proj_rows() * shape.embed_dim())),
             norm_key: zeros(nd),
             norm_query: zeros(nd),
             norm_conv: zeros(nd),

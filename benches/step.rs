@@ -129,15 +129,21 @@ fn main() {
         // NVFP4 step (3.14 ms/token at 1k) beat this one (3.27 in the same session).
         ("nvfp4, bf16 mix", Formats { mix: false, ..Formats::NVFP4 }),
         ("nvfp4 experts, bf16 mix/GDN/lm_head", Formats { experts: true, ..Formats::BF16 }),
+        // The NVFP4 step before the PLE projections had an NVFP4 GEMV (65.5 MB a token in bf16,
+        // 18.4 MB in NVFP4).
+        ("nvfp4, bf16 PLE projections", Formats { ple_proj: false, ..Formats::NVFP4 }),
     ];
     if compare && std::env::var("FLASHNEXT_STEP_VARIANTS").as_deref() != Ok("all") {
         variants.truncate(1);
     }
-    // A filter argument (criterion's place for it) names one variant exactly: `step --bench
-    // nvfp4` times the NVFP4 step alone.
-    if let Some(only) = std::env::args().skip(1).find(|a| !a.starts_with('-')) {
-        variants.retain(|(name, _)| *name == only);
-        assert!(!variants.is_empty(), "no step variant is named {only:?}");
+    // Filter arguments (criterion's place for one) name variants exactly: `step --bench nvfp4`
+    // times the NVFP4 step alone, `step --bench nvfp4 "nvfp4, bf16 mix"` those two.
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    if !only.is_empty() {
+        for o in &only {
+            assert!(variants.iter().any(|(name, _)| name == o), "no step variant is named {o:?}");
+        }
+        variants.retain(|(name, _)| only.iter().any(|o| o == name));
     }
     let mut tile_sets = vec![TileSource::Defaults];
     if !tables.is_empty() {

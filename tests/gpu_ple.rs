@@ -17,6 +17,7 @@
 
 use engine::cuda::{Gpu, MappedHostBuffer, SideStream};
 use engine::kernels::gemv_bf16::gemv_bf16;
+use engine::kernels::gemv_nvfp4::gemv_nvfp4;
 use engine::kernels::ple::gate_conv::ple_gate_conv;
 use engine::kernels::ple::gather_bf16::ple_gather_bf16;
 use engine::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
@@ -447,11 +448,19 @@ fn ple_weights(rng: &mut Rng, cfg: &ModelConfig) -> PleWeights {
 /// The streams are bf16, as the step keeps them. With `post`, the previous block's write comes
 /// first inside the block (X ← bf16(fma(ω, y, X)), y and ω fresh each token): the reference gets
 /// those streams, computed here exactly as the device rounds them.
-fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped: bool, post: bool) {
+///
+/// With `nvfp4`, the key and value projections go up quantised to NVFP4 (`gemv_nvfp4` runs them)
+/// and the reference takes their dequantised values.
+fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped: bool, post: bool, nvfp4: bool) {
     let gpu = flashnext::gpu::open();
     let mut rng = Rng::fresh(label);
     let shape = PleShape::from_config(cfg).expect("shape");
-    let w = ple_weights(&mut rng, cfg);
+    let mut w = ple_weights(&mut rng, cfg);
+    let quantised = nvfp4.then(|| [&w.key, &w.value].map(|l| Nvfp4Matrix::quantise(&l.w, l.rows, l.cols)));
+    if let Some([k, v]) = &quantised {
+        w.key.w = k.dequantise();
+        w.value.w = v.dequantise();
+    }
     let eos = w.hash.eos();
     let tokens = tokens(&mut rng, cfg.vocab_size, eos);
     let nd = shape.residual_width();
@@ -481,7 +490,8 @@ fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped:
     for (dst, &v) in table.as_mut_slice().iter_mut().zip(&w.table) {
         *dst = bf16::from_f32(v);
     }
-    let dw = PleWeightsOnDevice::upload(&gpu, shape, &w).expect("weights");
+    let dw = PleWeightsOnDevice::upload(&gpu, shape, &w, quantised.as_ref().map(|[k, v]| [k, v])).expect("weights");
+    assert_eq!(dw.proj.is_nvfp4(), nvfp4, "the projections' format");
     let mut hash = PleHashOnDevice::new(&gpu, std::slice::from_ref(&w.hash)).expect("hash");
     let mut token = gpu.alloc::<u32>(1).expect("alloc");
     let mut ids = gpu.alloc::<u64>(hash.ids_per_step()).expect("alloc");
@@ -586,19 +596,57 @@ fn ple_block_matches_the_reference_tiny_every_tile() {
     for gate_conv in ple_gate_conv::Tiles::candidates() {
         tiles.push(PleTiles { gate_conv, ..PleTiles::default() });
     }
-    block_matches(&block_config(4, 256), &tiles, "ple-block-tiny", false, true);
+    block_matches(&block_config(4, 256), &tiles, "ple-block-tiny", false, true, false);
+}
+
+/// The projections in NVFP4 (`gemv_nvfp4`): at the tiny shape the default GEMV tiles with every
+/// split and lane count that fits, and the row path (`tests/gpu_gemv_nvfp4.rs` takes the GEMV
+/// through all of its sets); then the plan's tiles at the published shape, and the defaults
+/// through a graph beside a stand-in for layer 0.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn ple_block_with_nvfp4_projections_matches_the_reference() {
+    let tiny = block_config(4, 256);
+    let shape = PleShape::from_config(&tiny).expect("shape");
+    let base = PleTiles::default().proj_nvfp4;
+    let fits: Vec<PleTiles> = gemv_nvfp4::Tiles::candidates()
+        .into_iter()
+        .filter(|t| *t == gemv_nvfp4::Tiles { k_split: t.k_split, lanes: t.lanes, ..base })
+        .chain([engine::kernels::gemv_nvfp4::ROW_PATH])
+        .map(|proj_nvfp4| PleTiles { proj_nvfp4, ..PleTiles::default() })
+        .filter(|t| t.check_nvfp4(shape).is_ok())
+        .collect();
+    assert!(fits.len() >= 4, "{} of the GEMV's tile sets fit the tiny PLE projections", fits.len());
+    block_matches(&tiny, &fits, "ple-block-nvfp4-tiny", false, true, true);
+    let published = block_config(4, 2560);
+    block_matches(
+        &published,
+        &[PleTiles::fitting(PleShape::from_config(&published).expect("shape"))],
+        "ple-block-nvfp4-published",
+        false,
+        true,
+        true,
+    );
+    block_matches(&published, &[PleTiles::default()], "ple-block-nvfp4-overlapped-published", true, false, true);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ple_block_with_rows_gathered_beside_layer_0_in_a_graph_matches_the_reference() {
-    block_matches(&block_config(4, 256), &[PleTiles::default()], "ple-block-overlapped-tiny", true, false);
-    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-overlapped-published", true, true);
+    block_matches(&block_config(4, 256), &[PleTiles::default()], "ple-block-overlapped-tiny", true, false, false);
+    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-overlapped-published", true, true, false);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn ple_block_matches_the_reference_published_shape() {
-    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-published", false, false);
-    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-published-after-a-write", false, true);
+    block_matches(&block_config(4, 2560), &[PleTiles::default()], "ple-block-published", false, false, false);
+    block_matches(
+        &block_config(4, 2560),
+        &[PleTiles::default()],
+        "ple-block-published-after-a-write",
+        false,
+        true,
+        false,
+    );
 }

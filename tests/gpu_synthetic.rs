@@ -242,8 +242,22 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
             }
             assert_eq!(lw.ple.is_some(), cfg.is_ple_layer(l));
             if let Some(p) = &lw.ple {
-                let u = Uniform::with_std(projection_std(p.shape.embed_dim()));
-                expect_bf16(&gpu, &p.proj, stream_seed(part(4), tag::PLE_PROJ, Stream::Values), u, &label("PLE proj"));
+                let std = projection_std(p.shape.embed_dim());
+                match &p.proj {
+                    MatrixOnDevice::Nvfp4 { packed, scales, scale2, segs } => {
+                        assert!(nvfp4);
+                        expect_nvfp4(&gpu, packed, scales, part(4), tag::PLE_PROJ, &label("PLE proj"));
+                        let ps = nvfp4_scale_2(std);
+                        assert_eq!(gpu.download(scale2).expect("scale2")[..2], [ps; 2], "{}", label("PLE scales"));
+                        let rows = p.shape.proj_rows() as u32;
+                        assert_eq!(*segs, [p.shape.residual_width() as u32, rows, rows]);
+                    }
+                    MatrixOnDevice::Bf16(b) => {
+                        assert!(!nvfp4);
+                        let seed = stream_seed(part(4), tag::PLE_PROJ, Stream::Values);
+                        expect_bf16(&gpu, b, seed, Uniform::with_std(std), &label("PLE proj"));
+                    }
+                }
             }
         }
 

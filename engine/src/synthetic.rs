@@ -486,15 +486,25 @@ pub fn moe(gpu: &Gpu, shape: MoeShape, nvfp4: bool, seed: u64) -> Result<MoeWeig
     })
 }
 
-/// A PLE layer's device weights: the stacked key and value projections 1/√embed_dim, the three
-/// norms zero-centred, the conv 1/√kernel.
-pub fn ple(gpu: &Gpu, shape: PleShape, seed: u64) -> Result<PleWeightsOnDevice> {
+/// A PLE layer's device weights: the stacked key and value projections 1/√embed_dim (bf16, or
+/// NVFP4 with one global scale for both: the same std), the three norms zero-centred, the conv
+/// 1/√kernel.
+pub fn ple(gpu: &Gpu, shape: PleShape, nvfp4: bool, seed: u64) -> Result<PleWeightsOnDevice> {
     let f = Fills::load(gpu)?;
     let (nd, p) = (shape.residual_width(), shape.embed_dim());
     let zc = Uniform::symmetric(ZC_NORM);
+    let std = projection_std(p);
+    let proj = if nvfp4 {
+        let (packed, scales) = f.new_nvfp4(gpu, shape.proj_rows() * p, p, seed, tag::PLE_PROJ)?;
+        let s = nvfp4_scale_2(std);
+        let rows = shape.proj_rows() as u32;
+        MatrixOnDevice::Nvfp4 { packed, scales, scale2: gpu.upload(&[s, s, 0.0, 0.0])?, segs: [nd as u32, rows, rows] }
+    } else {
+        MatrixOnDevice::Bf16(f.new_bf16(gpu, shape.proj_rows() * p, seed, tag::PLE_PROJ, Uniform::with_std(std))?)
+    };
     Ok(PleWeightsOnDevice {
         shape,
-        proj: f.new_bf16(gpu, shape.proj_rows() * p, seed, tag::PLE_PROJ, Uniform::with_std(projection_std(p)))?,
+        proj,
         norm_key: f.new_bf16(gpu, nd, seed, tag::PLE_NORM_KEY, zc)?,
         norm_query: f.new_bf16(gpu, nd, seed, tag::PLE_NORM_QUERY, zc)?,
         norm_conv: f.new_bf16(gpu, nd, seed, tag::PLE_NORM_CONV, zc)?,
@@ -657,8 +667,11 @@ pub fn layer(gpu: &Gpu, cfg: &ModelConfig, layer: usize, formats: &Formats, seed
         )?),
         LayerKind::Qsa => MixerOnDevice::Qsa(qsa(gpu, QsaShape::from_config(cfg)?, formats.qsa, part(1))?),
     };
-    let ple_weights =
-        if cfg.is_ple_layer(layer) { Some(ple(gpu, PleShape::from_config(cfg)?, part(4))?) } else { None };
+    let ple_weights = if cfg.is_ple_layer(layer) {
+        Some(ple(gpu, PleShape::from_config(cfg)?, formats.ple_proj, part(4))?)
+    } else {
+        None
+    };
     Ok(LayerOnDevice {
         attn_mix: mix(gpu, site, formats.mix, part(0))?,
         mixer,
@@ -749,8 +762,8 @@ pub fn synthetic_weight_bytes(cfg: &ModelConfig, formats: &Formats) -> Result<We
         (0, 0, 0)
     } else {
         let sh = PleShape::from_config(cfg)?;
-        let (nd, p) = (sh.residual_width(), sh.embed_dim());
-        let one = 2 * (sh.proj_rows() * p + 3 * nd + nd * sh.conv_kernel);
+        let nd = sh.residual_width();
+        let one = sh.proj_bytes(formats.ple_proj) + 2 * (3 * nd + nd * sh.conv_kernel);
         let header = TableHeader::for_config(cfg, formats.ple_table).map_err(|e| Error::Buffer(e.to_string()))?;
         let rows = cfg.ple_layers.len() * sh.heads * header.row_bytes();
         (cfg.ple_layers.len() * one, header.data_bytes(), rows)

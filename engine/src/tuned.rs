@@ -551,10 +551,23 @@ pub fn qsa_unit(shape: QsaShape, capacity: usize, grid: bool, nvfp4: bool) -> Un
     }
 }
 
-/// The PLE block of one PLE layer with its table's rows in `format`: the format's gather (from
-/// host memory), the stacked key and value projections, the gate and conv. The ids kernel has
-/// no tiles to tune.
-pub fn ple_unit(shape: PleShape, format: RowFormat) -> Unit<PleTiles> {
+/// The format name of a PLE unit: `nvfp4` or `bf16` where its table rows and its projections
+/// agree, else which one alone is NVFP4 (`nvfp4 rows`, `nvfp4 proj`). Tables written before the
+/// projections ran in NVFP4 keyed `nvfp4` by the rows alone: their `ple nvfp4` entries name
+/// `gemv_bf16` for the projections, and [`Unit::apply`] reports them stale.
+pub fn ple_format(rows: RowFormat, nvfp4_proj: bool) -> &'static str {
+    match (rows == RowFormat::Nvfp4, nvfp4_proj) {
+        (true, true) => "nvfp4",
+        (false, false) => "bf16",
+        (true, false) => "nvfp4 rows",
+        (false, true) => "nvfp4 proj",
+    }
+}
+
+/// The PLE block of one PLE layer with its table's rows in `format` and its projections in NVFP4
+/// where `nvfp4_proj`: the format's gather (from host memory), the stacked key and value
+/// projections' GEMV, the gate and conv. The ids kernel has no tiles to tune.
+pub fn ple_unit(shape: PleShape, format: RowFormat, nvfp4_proj: bool) -> Unit<PleTiles> {
     let a = PleLaunches::unbound(shape, format);
     let gather = match a.gather {
         Gather::Bf16(g) => Knob::kernel::<ple_gather_bf16::Kernel>("gather", |t: &mut PleTiles| &mut t.gather, g),
@@ -562,16 +575,27 @@ pub fn ple_unit(shape: PleShape, format: RowFormat) -> Unit<PleTiles> {
             Knob::kernel::<ple_gather_nvfp4::Kernel>("gather", |t: &mut PleTiles| &mut t.gather_nvfp4, g)
         }
     };
+    let proj = if nvfp4_proj {
+        Knob::kernel::<gemv_nvfp4::Kernel>("proj", |t: &mut PleTiles| &mut t.proj_nvfp4, a.proj_nvfp4)
+    } else {
+        Knob::kernel::<gemv_bf16::Kernel>("proj", |t: &mut PleTiles| &mut t.proj, a.proj)
+    };
     Unit {
         family: "ple",
-        format: fmt_name(format == RowFormat::Nvfp4),
+        format: ple_format(format, nvfp4_proj),
         shape: format!("{shape:?}"),
         knobs: vec![
             gather,
-            Knob::kernel::<gemv_bf16::Kernel>("proj", |t| &mut t.proj, a.proj),
+            proj,
             Knob::kernel::<ple_gate_conv::Kernel>("gate_conv", |t| &mut t.gate_conv, a.gate_conv),
         ],
-        valid: Box::new(move |t: &PleTiles| t.check(shape, format).map_err(|e| e.to_string())),
+        valid: Box::new(move |t: &PleTiles| {
+            t.check(shape, format).map_err(|e| e.to_string())?;
+            if nvfp4_proj {
+                t.check_nvfp4(shape).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        }),
     }
 }
 

@@ -2,8 +2,9 @@
 //! device for [`ple_ids`] (one launch per step for every PLE layer), and per PLE layer the row
 //! gather ([`Gather`]: [`ple_gather_bf16`], or [`ple_gather_nvfp4`] dequantising NVFP4 rows to
 //! bf16) from a table the device can address (mapped host memory:
-//! [`crate::cuda::MappedHostBuffer`]), the key and value projections stacked in one bf16 GEMV,
-//! and [`ple_gate_conv`] (norms, gate, dilated conv with its state, the sum into the streams).
+//! [`crate::cuda::MappedHostBuffer`]), the key and value projections stacked in one GEMV
+//! ([`gemv_bf16`], or [`gemv_nvfp4`] for NVFP4 weights: 18.4 MB a token instead of 65.5 at the
+//! published shape), and [`ple_gate_conv`] (norms, gate, dilated conv with its state, the sum into the streams).
 //!
 //! The table: [`PleTableOnHost`] holds the rows of a table file ([`crate::model::ple_table`]) in
 //! pinned host memory, in the file's mapping registered in place, or in the mapping read through
@@ -25,12 +26,15 @@ use crate::cuda::host_mapped::HostRegistration;
 use crate::cuda::{DeviceBuffer, Gpu, LoadedKernel, MappedHostBuffer, SideStream};
 use crate::error::{Error, Result};
 use crate::kernels::gemv_bf16::gemv_bf16;
+use crate::kernels::gemv_nvfp4::gemv_nvfp4;
 use crate::kernels::ple::gate_conv::ple_gate_conv;
 use crate::kernels::ple::gather_bf16::ple_gather_bf16;
 use crate::kernels::ple::gather_nvfp4::ple_gather_nvfp4;
 use crate::kernels::ple::ids::ple_ids;
+use crate::layers::matrix::{MatrixOnDevice, matrix_bytes};
 use crate::model::config::ModelConfig;
 use crate::model::ngram_hash::NgramHash;
+use crate::model::nvfp4::Nvfp4Matrix;
 use crate::model::ple_table::{HEADER_BYTES, PleTableFile, RowFormat, TableHeader, nvfp4_row_words};
 use crate::model::weights::PleWeights;
 
@@ -251,6 +255,11 @@ impl PleShape {
         (self.streams + 1) * self.hidden
     }
 
+    /// Bytes of the stacked projection's weights, bf16 or NVFP4 (two global scales).
+    pub fn proj_bytes(&self, nvfp4: bool) -> usize {
+        matrix_bytes(self.proj_rows(), self.embed_dim(), nvfp4, 2)
+    }
+
     /// The conv state's rows: (kernel − 1)·dilation previous inputs.
     pub fn conv_depth(&self) -> usize {
         (self.conv_kernel - 1) * self.dilation
@@ -261,8 +270,9 @@ impl PleShape {
 #[derive(Debug)]
 pub struct PleWeightsOnDevice {
     pub shape: PleShape,
-    /// [(n + 1)·d, embed_dim]: key_proj's rows, then value_proj's.
-    pub proj: DeviceBuffer<bf16>,
+    /// [(n + 1)·d, embed_dim]: key_proj's rows, then value_proj's; bf16, or NVFP4 with a
+    /// global scale each.
+    pub proj: MatrixOnDevice,
     /// [n·d] each.
     pub norm_key: DeviceBuffer<bf16>,
     pub norm_query: DeviceBuffer<bf16>,
@@ -272,8 +282,14 @@ pub struct PleWeightsOnDevice {
 }
 
 impl PleWeightsOnDevice {
-    /// The weights of `w` rounded to bf16.
-    pub fn upload(gpu: &Gpu, shape: PleShape, w: &PleWeights) -> Result<PleWeightsOnDevice> {
+    /// The weights of `w` rounded to bf16, the projections from `nvfp4` (key, value) instead
+    /// where given.
+    pub fn upload(
+        gpu: &Gpu,
+        shape: PleShape,
+        w: &PleWeights,
+        nvfp4: Option<[&Nvfp4Matrix; 2]>,
+    ) -> Result<PleWeightsOnDevice> {
         let (nd, p) = (shape.residual_width(), shape.embed_dim());
         let checks = [
             ("key_proj", w.key.rows * w.key.cols, nd * p),
@@ -286,10 +302,26 @@ impl PleWeightsOnDevice {
             }
         }
         let bf = |v: &[f32]| -> Vec<bf16> { v.iter().map(|&x| bf16::from_f32(x)).collect() };
-        let stacked: Vec<bf16> = w.key.w.iter().chain(&w.value.w).map(|&x| bf16::from_f32(x)).collect();
+        let proj = match nvfp4 {
+            Some([key, value]) => {
+                for (m, rows, what) in [(key, nd, "key_proj"), (value, shape.hidden, "value_proj")] {
+                    if m.rows != rows || m.cols != p {
+                        return Err(Error::Buffer(format!(
+                            "PLE {what} in NVFP4 is [{}, {}], the shape needs [{rows}, {p}]",
+                            m.rows, m.cols
+                        )));
+                    }
+                }
+                MatrixOnDevice::nvfp4(gpu, "PLE projections", &[key, value], p)?
+            }
+            None => {
+                let stacked: Vec<bf16> = w.key.w.iter().chain(&w.value.w).map(|&x| bf16::from_f32(x)).collect();
+                MatrixOnDevice::Bf16(gpu.upload(&stacked)?)
+            }
+        };
         Ok(PleWeightsOnDevice {
             shape,
-            proj: gpu.upload(&stacked)?,
+            proj,
             norm_key: gpu.upload(&bf(&w.norm_key))?,
             norm_query: gpu.upload(&bf(&w.norm_query))?,
             norm_conv: gpu.upload(&bf(&w.norm_conv))?,
@@ -346,6 +378,8 @@ pub struct PleTiles {
     pub gather: ple_gather_bf16::Tiles,
     pub gather_nvfp4: ple_gather_nvfp4::Tiles,
     pub proj: gemv_bf16::Tiles,
+    /// The projections' GEMV when their weights are NVFP4.
+    pub proj_nvfp4: gemv_nvfp4::Tiles,
     pub gate_conv: ple_gate_conv::Tiles,
 }
 
@@ -355,6 +389,9 @@ impl Default for PleTiles {
             gather: ple_gather_bf16::Tiles::DEFAULT,
             gather_nvfp4: ple_gather_nvfp4::Tiles::DEFAULT,
             proj: gemv_bf16::Tiles::DEFAULT,
+            // 12,800 × 2,560 at the published shape, about QSA's stacked input projection
+            // (13,952 × 2,560): its tiles, whose first steps load before the wait.
+            proj_nvfp4: gemv_nvfp4::Tiles { warps: 8, early: 8, ..TileSet::DEFAULT },
             gate_conv: ple_gate_conv::Tiles::DEFAULT,
         }
     }
@@ -379,6 +416,19 @@ impl PleTiles {
             });
         }
         ple_gate_conv::Kernel::launch_dims(&self.gate_conv, &PleLaunches::unbound(shape, format).gate_conv)?;
+        Ok(())
+    }
+
+    /// Whether the projections' NVFP4 GEMV runs `shape` at these tiles, within its scratch.
+    pub fn check_nvfp4(&self, shape: PleShape) -> std::result::Result<(), LaunchError> {
+        let proj = PleLaunches::unbound(shape, RowFormat::Bf16).proj_nvfp4;
+        let dims = gemv_nvfp4::Kernel::launch_dims(&self.proj_nvfp4, &proj)?;
+        if dims.grid[1] as usize > MAX_PROJ_SPLIT {
+            return Err(LaunchError {
+                kernel: "gemv_nvfp4 (PLE projections)",
+                message: format!("split-K {}: the scratch holds {MAX_PROJ_SPLIT}", dims.grid[1]),
+            });
+        }
         Ok(())
     }
 }
@@ -420,7 +470,15 @@ impl PleTiles {
         let t = refit(d, "gemv_bf16", proj, |t, v| t.proj = v, &fails);
         let t = refit(t, "ple_gather_bf16", ple_gather_bf16::Tiles::candidates(), |t, v| t.gather = v, &fails);
         let t = refit(t, "ple_gather_nvfp4", ple_gather_nvfp4::Tiles::candidates(), |t, v| t.gather_nvfp4 = v, &fails);
-        refit(t, "ple_gate_conv", ple_gate_conv::Tiles::candidates(), |t, v| t.gate_conv = v, &fails)
+        let mut t = refit(t, "ple_gate_conv", ple_gate_conv::Tiles::candidates(), |t, v| t.gate_conv = v, &fails);
+        // The NVFP4 projections: the default where it fits, else the split lowered, then the
+        // lanes a row; one that never fits keeps the default and `check_nvfp4` refuses it.
+        let proj = PleLaunches::unbound(shape, RowFormat::Bf16).proj_nvfp4;
+        let in_scratch = |d: &kernel_dsl::LaunchDims| d.grid[1] as usize <= MAX_PROJ_SPLIT;
+        if let Some(v) = crate::kernels::gemv_nvfp4::fitting(t.proj_nvfp4, &proj, in_scratch) {
+            t.proj_nvfp4 = v;
+        }
+        t
     }
 }
 
@@ -441,6 +499,7 @@ pub struct PleKernels {
     pub gather: LoadedKernel<ple_gather_bf16::Kernel>,
     pub gather_nvfp4: LoadedKernel<ple_gather_nvfp4::Kernel>,
     pub proj: LoadedKernel<gemv_bf16::Kernel>,
+    pub proj_nvfp4: LoadedKernel<gemv_nvfp4::Kernel>,
     pub gate_conv: LoadedKernel<ple_gate_conv::Kernel>,
 }
 
@@ -454,6 +513,7 @@ impl PleKernels {
             gather: gpu.kernel(tiles.gather)?,
             gather_nvfp4: gpu.kernel(tiles.gather_nvfp4)?,
             proj: gpu.kernel(tiles.proj)?,
+            proj_nvfp4: gpu.kernel(tiles.proj_nvfp4)?,
             gate_conv: gpu.kernel(tiles.gate_conv)?,
         })
     }
@@ -471,11 +531,15 @@ pub struct PleStreams {
     pub output: DevPtrMut<bf16>,
 }
 
-/// The three launches of one PLE layer after the ids: gather, projections, gate and conv.
+/// The three launches of one PLE layer after the ids: gather, projections (in the weights'
+/// format), gate and conv.
 #[derive(Clone, Copy, Debug)]
 pub struct PleLaunches {
     pub gather: Gather,
     pub proj: gemv_bf16::Args,
+    pub proj_nvfp4: gemv_nvfp4::Args,
+    /// Whether the projections' weights are NVFP4 (then `proj_nvfp4` runs).
+    pub nvfp4: bool,
     pub gate_conv: ple_gate_conv::Args,
 }
 
@@ -495,10 +559,11 @@ impl PleLaunches {
         let sh = w.shape;
         let PleStreams { input: streams_in, post, output: streams_out } = io;
         let (y, gains_prev) = post.map_or((0, 0), |(y, g)| (y.addr(), g.addr()));
+        let ([values, block_scales, global_scales], [seg1, seg2, seg3]) = w.proj.addresses();
         PleLaunches {
             gather: Gather::new(table, ids, s.rows.ptr_mut(), sh.heads, sh.width),
             proj: gemv_bf16::Args {
-                w: w.proj.ptr(),
+                w: DevPtr::from_addr(values),
                 x: s.rows.ptr(),
                 y: s.proj.ptr_mut(),
                 partial: s.partial.ptr_mut(),
@@ -506,6 +571,21 @@ impl PleLaunches {
                 rows: sh.proj_rows() as u32,
                 cols: sh.embed_dim() as u32,
             },
+            proj_nvfp4: gemv_nvfp4::Args {
+                packed: DevPtr::from_addr(values),
+                scales: DevPtr::from_addr(block_scales),
+                scale2: DevPtr::from_addr(global_scales),
+                x: s.rows.ptr(),
+                y: s.proj.ptr_mut(),
+                partial: s.partial.ptr_mut(),
+                counters: s.counters.ptr_mut(),
+                rows: sh.proj_rows() as u32,
+                cols: sh.embed_dim() as u32,
+                seg1,
+                seg2,
+                seg3,
+            },
+            nvfp4: w.proj.is_nvfp4(),
             gate_conv: ple_gate_conv::Args {
                 proj: s.proj.ptr(),
                 streams_in,
@@ -548,6 +628,22 @@ impl PleLaunches {
                 rows: sh.proj_rows() as u32,
                 cols: sh.embed_dim() as u32,
             },
+            proj_nvfp4: gemv_nvfp4::Args {
+                packed: DevPtr::NULL,
+                scales: DevPtr::NULL,
+                scale2: DevPtr::NULL,
+                x: DevPtr::NULL,
+                y: DevPtrMut::NULL,
+                partial: DevPtrMut::NULL,
+                counters: DevPtrMut::NULL,
+                rows: sh.proj_rows() as u32,
+                cols: sh.embed_dim() as u32,
+                // Two matrices stacked: the key's n·d rows, then the value's.
+                seg1: sh.residual_width() as u32,
+                seg2: sh.proj_rows() as u32,
+                seg3: sh.proj_rows() as u32,
+            },
+            nvfp4: false,
             gate_conv: ple_gate_conv::Args {
                 proj: DevPtr::NULL,
                 streams_in: DevPtr::NULL,
@@ -590,7 +686,11 @@ impl PleLaunches {
     pub unsafe fn enqueue_block(&self, gpu: &Gpu, k: &PleKernels) -> Result<()> {
         // SAFETY: the caller's guarantees, and each buffer has the length its launch indexes.
         unsafe {
-            k.proj.launch(gpu, &self.proj)?;
+            if self.nvfp4 {
+                k.proj_nvfp4.launch(gpu, &self.proj_nvfp4)?;
+            } else {
+                k.proj.launch(gpu, &self.proj)?;
+            }
             k.gate_conv.launch(gpu, &self.gate_conv)
         }
     }
@@ -754,5 +854,23 @@ mod tests {
         let e = split.check(wide, RowFormat::Bf16);
         assert!(e.is_ok(), "{e:?}: 8192 columns split 16 ways");
         assert!(split.check(PUBLISHED, RowFormat::Bf16).is_err(), "2560 columns do not split 16 ways");
+    }
+
+    /// The NVFP4 projections: the defaults run the published shape; a narrow embedding (128
+    /// columns, as the tiny checkpoints have) gets a GEMV that fits from `fitting`; a split past
+    /// the scratch is refused by name.
+    #[test]
+    fn nvfp4_projections_are_fitted_and_checked() {
+        PleTiles::default().check_nvfp4(PUBLISHED).expect("published");
+        let narrow = PleShape { hidden: 256, heads: 16, width: 8, ..PUBLISHED };
+        assert!(PleTiles::default().check_nvfp4(narrow).is_err(), "16 lanes of 16 values over 128 columns");
+        let t = PleTiles::fitting(narrow);
+        t.check_nvfp4(narrow).expect("fitted");
+        assert_eq!(t.proj_nvfp4.lanes, 8, "{t:?}");
+        let wide = PleShape { heads: 32, width: 1024, ..PUBLISHED };
+        let split = PleTiles { proj_nvfp4: gemv_nvfp4::Tiles { k_split: 8, ..t.proj_nvfp4 }, ..t };
+        split.check_nvfp4(wide).expect("8 splits");
+        let e = PleTiles { proj_nvfp4: gemv_nvfp4::Tiles { k_split: 8, ..t.proj_nvfp4 }, ..t };
+        assert!(e.check_nvfp4(PUBLISHED).is_err(), "2560 columns in 8 splits of 16-lane steps");
     }
 }

@@ -185,6 +185,11 @@ pub mod names {
         ["q_proj", "k_proj", "v_proj", "indexer.index_qk_proj", "o_proj"].map(|p| format!("{}.self_attn.{p}", layer(l)))
     }
 
+    /// Layer `l`'s PLE projections: key, value.
+    pub fn ple_projections(l: usize) -> [String; 2] {
+        ["key_proj", "value_proj"].map(|p| format!("{}.ple.{p}", layer(l)))
+    }
+
     /// Layer `l`'s MoE block.
     pub fn moe(l: usize) -> String {
         format!("{}.mlp", layer(l))

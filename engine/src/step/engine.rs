@@ -454,7 +454,7 @@ impl Engine {
             if let (Some(w), Some((shape, _))) = (&layer.ple, p.ple) {
                 // The gathered rows, the stacked projections, the norms and the conv's state.
                 bytes += 2 * shape.embed_dim()
-                    + w.proj.size_bytes()
+                    + shape.proj_bytes(w.proj.is_nvfp4())
                     + w.conv.size_bytes()
                     + 8 * shape.conv_depth() * shape.residual_width();
             }

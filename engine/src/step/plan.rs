@@ -19,8 +19,7 @@ use crate::tuned;
 
 /// Which weights are kept in NVFP4 on the device (an NVFP4 checkpoint's as stored, a bf16 one's
 /// quantised at load, or made so by the synthetic model); the rest stay bf16. Norms, convs, gates,
-/// the routers, QSA's attention and the PLE projections are always bf16 or f32 (their kernels
-/// take those).
+/// the routers and QSA's attention are always bf16 or f32 (their kernels take those).
 ///
 /// A new field here is a new format choice every `Formats { .. }` literal must make: the two
 /// constants below are the usual starting points.
@@ -37,6 +36,8 @@ pub struct Formats {
     /// The QSA layers' stacked input projection and o_proj ([`crate::kernels::gemv_nvfp4`]).
     pub qsa: bool,
     pub lm_head: bool,
+    /// The PLE layers' stacked key and value projections ([`crate::kernels::gemv_nvfp4`]).
+    pub ple_proj: bool,
     /// The PLE n-gram table's rows in host memory (a table file says its own; a checkpoint's
     /// tables are put in host memory in bf16).
     pub ple_table: RowFormat,
@@ -51,6 +52,7 @@ impl Formats {
         gdn_out_proj: true,
         qsa: true,
         lm_head: true,
+        ple_proj: true,
         ple_table: RowFormat::Nvfp4,
     };
     /// Everything in bf16, as checkpoints ship: the format parity is checked in.
@@ -61,6 +63,7 @@ impl Formats {
         gdn_out_proj: false,
         qsa: false,
         lm_head: false,
+        ple_proj: false,
         ple_table: RowFormat::Bf16,
     };
 
@@ -154,6 +157,9 @@ impl StepPlan {
             let shape = PleShape::from_config(cfg)?;
             let tiles = PleTiles::fitting(shape);
             tiles.check(shape, RowFormat::Bf16).map_err(|e| unsupported("PLE layers", e))?;
+            if formats.ple_proj {
+                tiles.check_nvfp4(shape).map_err(|e| unsupported("PLE projections in NVFP4", e))?;
+            }
             Some((shape, tiles))
         };
         Ok(StepPlan {
@@ -203,7 +209,7 @@ impl StepPlan {
             qsa: self.qsa.map(|(shape, tiles)| {
                 tuned::qsa_unit(shape, self.capacity, matches!(tiles.top_k, TopK::Grid(_)), self.formats.qsa)
             }),
-            ple: self.ple.map(|(shape, _)| tuned::ple_unit(shape, self.formats.ple_table)),
+            ple: self.ple.map(|(shape, _)| tuned::ple_unit(shape, self.formats.ple_table, self.formats.ple_proj)),
             lm_head: tuned::lm_head_unit(self.vocab, self.mix.hidden, sms, self.formats.lm_head),
         }
     }

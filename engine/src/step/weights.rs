@@ -342,7 +342,14 @@ impl ModelOnDevice {
                 }
             };
             let ple = match (&lw.ple, &plan.ple) {
-                (Some(p), Some((shape, _))) => Some(PleWeightsOnDevice::upload(gpu, *shape, p)?),
+                (Some(p), Some((shape, _))) => {
+                    let [key, value] = names::ple_projections(l);
+                    let m = f
+                        .ple_proj
+                        .then(|| [nvfp4_matrix(w, &key, &p.key, false), nvfp4_matrix(w, &value, &p.value, false)]);
+                    let nvfp4 = m.as_ref().map(|[k, v]| [&**k, &**v]);
+                    Some(PleWeightsOnDevice::upload(gpu, *shape, p, nvfp4)?)
+                }
                 (None, _) => None,
                 (Some(_), None) => {
                     return Err(Error::Buffer(format!("layer {l} has PLE weights the config has no PLE for")));

@@ -761,7 +761,8 @@ mod tests {
             }
             drop(h);
 
-            let mut h = harness::ple(&gpu, &cfg, ps, formats.ple_table).expect("ple harness").expect("made");
+            let mut h =
+                harness::ple(&gpu, &cfg, ps, formats.ple_table, formats.ple_proj).expect("ple harness").expect("made");
             for _ in 0..3 {
                 h.verify(&pt).expect("PLE at the plan's tiles against the reference");
             }

@@ -197,7 +197,7 @@ fn run(a: Args) -> Result<(), String> {
             && step(format!("ple {}", unit.format))
         {
             tune(&target, &mut table, &out, unit, tiles, gpu.as_ref(), deadline, |g| {
-                autotune::harness::ple(g, &cfg, shape, formats.ple_table)
+                autotune::harness::ple(g, &cfg, shape, formats.ple_table, formats.ple_proj)
             })?;
         }
         if wanted("lm_head") && step(format!("lm_head {}", u.lm_head.format)) {

@@ -92,8 +92,15 @@ fn linear(rng: &mut Rng, rows: usize, cols: usize) -> Linear {
     Linear { rows, cols, w: f32s(&rng.bf16_normal(rows * cols, 1.0 / (cols as f32).sqrt())), bias: None }
 }
 
-/// The PLE harness for the step's PLE shape with rows in `format`.
-pub fn ple<'g>(gpu: &'g Gpu, cfg: &ModelConfig, shape: PleShape, format: RowFormat) -> Made<'g, PleTiles> {
+/// The PLE harness for the step's PLE shape with rows in `format` and the projections in NVFP4
+/// where `nvfp4_proj`.
+pub fn ple<'g>(
+    gpu: &'g Gpu,
+    cfg: &ModelConfig,
+    shape: PleShape,
+    format: RowFormat,
+    nvfp4_proj: bool,
+) -> Made<'g, PleTiles> {
     let mut rng = Rng::fresh();
     let heads = shape.heads as u64;
     let mut small = cfg.clone();
@@ -143,20 +150,28 @@ pub fn ple<'g>(gpu: &'g Gpu, cfg: &ModelConfig, shape: PleShape, format: RowForm
         }
     };
     let (nd, p) = (shape.residual_width(), shape.embed_dim());
+    let (key, value) = (linear(&mut rng, nd, p), linear(&mut rng, shape.hidden, p));
+    // NVFP4 projections: the reference takes their dequantised values.
+    let quantised = nvfp4_proj.then(|| [&key, &value].map(|l| Nvfp4Matrix::quantise(&l.w, l.rows, l.cols)));
+    let (key, value) = match &quantised {
+        Some([k, v]) => (Linear { w: k.dequantise(), ..key }, Linear { w: v.dequantise(), ..value }),
+        None => (key, value),
+    };
     let host = PleWeights {
         hash: hashes[0].clone(),
         table: table0,
         width,
-        key: linear(&mut rng, nd, p),
-        value: linear(&mut rng, shape.hidden, p),
+        key,
+        value,
         norm_key: f32s(&rng.bf16_normal(nd, 0.2)),
         norm_query: f32s(&rng.bf16_normal(nd, 0.2)),
         norm_conv: f32s(&rng.bf16_normal(nd, 0.2)),
         conv: f32s(&rng.bf16_normal(nd * shape.conv_kernel, 0.5)),
     };
-    let mut layers = vec![PleWeightsOnDevice::upload(gpu, shape, &host).map_err(err)?];
+    let nvfp4 = quantised.as_ref().map(|[k, v]| [k, v]);
+    let mut layers = vec![PleWeightsOnDevice::upload(gpu, shape, &host, nvfp4).map_err(err)?];
     for l in 1..LAYERS {
-        layers.push(synthetic::ple(gpu, shape, 0x91e + l as u64).map_err(err)?);
+        layers.push(synthetic::ple(gpu, shape, nvfp4_proj, 0x91e + l as u64).map_err(err)?);
     }
     let mut states = Vec::new();
     let mut scratch = Vec::new();
