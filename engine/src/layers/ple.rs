@@ -4,7 +4,8 @@
 //! bf16) from a table the device can address (mapped host memory:
 //! [`crate::cuda::MappedHostBuffer`]), the key and value projections stacked in one GEMV
 //! ([`gemv_bf16`], or [`gemv_nvfp4`] for NVFP4 weights: 18.4 MB a token instead of 65.5 at the
-//! published shape), and [`ple_gate_conv`] (norms, gate, dilated conv with its state, the sum into the streams).
+//! published shape), and [`ple_gate_conv`] (norms, gate, dilated conv with its state, the sum
+//! into the streams).
 //!
 //! The table: [`PleTableOnHost`] holds the rows of a table file ([`crate::model::ple_table`]) in
 //! pinned host memory, in the file's mapping registered in place, or in the mapping read through
