@@ -135,9 +135,10 @@ pub fn lm_head_argmax_nvfp4(
     // assigned by the block's index). One NVIDIA H100, 2026-12-06: 136.99 µs at 0 (p90 154.46),
     // 135.07 at 1 (p90 135.52), 141.09 at 2, 158.27 at 4 (the atomics on one counter cost more
     // than the balance gains once many rows go through it); the step 0.5% / 0.3% faster at 1k /
-    // 32k at 1 (three paired rounds). Not the default: at 1 ptxas spills 4 bytes on sm_121a,
-    // and a default must not spill (the first ticket, grabbed at the start, is live across the
-    // static rows; BENCHMARKS.md, lm_head section).
+    // 32k at 1 (three paired rounds), when the first ticket was taken at the start and spilled
+    // on sm_121a. Taken at the top of the row before it (no spill), 2026-12-06 16:03 UTC on
+    // another H100: 134.85 against 139.84 µs alone, but the step 0.1% / 0.2% slower at 1 (two
+    // paired rounds), so the default stays 0 (BENCHMARKS.md, lm_head section).
     #[tile(default = 0, candidates = [0, 1, 2, 4])] DYNAMIC: u32,
     packed: &[e2m1x2],
     scales: &[e4m3],
