@@ -532,6 +532,37 @@ pub struct PleStreams {
     pub output: DevPtrMut<bf16>,
 }
 
+/// The projections' GEMV in both formats: the weights' addresses and row boundaries
+/// ([`MatrixOnDevice::addresses`]: values or codes, block scales, global scales) and the
+/// scratch's (the gathered rows, the projections, the split-K partials and counters); 0 for a
+/// shape check.
+fn projection_args(
+    sh: PleShape,
+    (w, [seg1, seg2, seg3]): ([u64; 3], [u32; 3]),
+    [rows, proj, partial, counters]: [u64; 4],
+) -> (gemv_bf16::Args, gemv_nvfp4::Args) {
+    let (out_rows, cols) = (sh.proj_rows() as u32, sh.embed_dim() as u32);
+    let (x, y) = (DevPtr::from_addr(rows), DevPtrMut::from_addr(proj));
+    let (partial, counters) = (DevPtrMut::from_addr(partial), DevPtrMut::from_addr(counters));
+    (
+        gemv_bf16::Args { w: DevPtr::from_addr(w[0]), x, y, partial, counters, rows: out_rows, cols },
+        gemv_nvfp4::Args {
+            packed: DevPtr::from_addr(w[0]),
+            scales: DevPtr::from_addr(w[1]),
+            scale2: DevPtr::from_addr(w[2]),
+            x,
+            y,
+            partial,
+            counters,
+            rows: out_rows,
+            cols,
+            seg1,
+            seg2,
+            seg3,
+        },
+    )
+}
+
 /// The three launches of one PLE layer after the ids: gather, projections (in the weights'
 /// format), gate and conv.
 #[derive(Clone, Copy, Debug)]
@@ -560,32 +591,13 @@ impl PleLaunches {
         let sh = w.shape;
         let PleStreams { input: streams_in, post, output: streams_out } = io;
         let (y, gains_prev) = post.map_or((0, 0), |(y, g)| (y.addr(), g.addr()));
-        let ([values, block_scales, global_scales], [seg1, seg2, seg3]) = w.proj.addresses();
+        let scratch =
+            [s.rows.ptr().addr(), s.proj.ptr_mut().addr(), s.partial.ptr_mut().addr(), s.counters.ptr_mut().addr()];
+        let (proj, proj_nvfp4) = projection_args(sh, w.proj.addresses(), scratch);
         PleLaunches {
             gather: Gather::new(table, ids, s.rows.ptr_mut(), sh.heads, sh.width),
-            proj: gemv_bf16::Args {
-                w: DevPtr::from_addr(values),
-                x: s.rows.ptr(),
-                y: s.proj.ptr_mut(),
-                partial: s.partial.ptr_mut(),
-                counters: s.counters.ptr_mut(),
-                rows: sh.proj_rows() as u32,
-                cols: sh.embed_dim() as u32,
-            },
-            proj_nvfp4: gemv_nvfp4::Args {
-                packed: DevPtr::from_addr(values),
-                scales: DevPtr::from_addr(block_scales),
-                scale2: DevPtr::from_addr(global_scales),
-                x: s.rows.ptr(),
-                y: s.proj.ptr_mut(),
-                partial: s.partial.ptr_mut(),
-                counters: s.counters.ptr_mut(),
-                rows: sh.proj_rows() as u32,
-                cols: sh.embed_dim() as u32,
-                seg1,
-                seg2,
-                seg3,
-            },
+            proj,
+            proj_nvfp4,
             nvfp4: w.proj.is_nvfp4(),
             gate_conv: ple_gate_conv::Args {
                 proj: s.proj.ptr(),
@@ -612,6 +624,9 @@ impl PleLaunches {
     /// against tiles.
     pub fn unbound(shape: PleShape, format: RowFormat) -> PleLaunches {
         let sh = shape;
+        // Two matrices stacked: the key's n·d rows, then the value's.
+        let rows = sh.proj_rows() as u32;
+        let (proj, proj_nvfp4) = projection_args(sh, ([0; 3], [sh.residual_width() as u32, rows, rows]), [0; 4]);
         PleLaunches {
             gather: Gather::new(
                 ple_table_rows_unbound(format, sh.width),
@@ -620,30 +635,8 @@ impl PleLaunches {
                 sh.heads,
                 sh.width,
             ),
-            proj: gemv_bf16::Args {
-                w: DevPtr::NULL,
-                x: DevPtr::NULL,
-                y: DevPtrMut::NULL,
-                partial: DevPtrMut::NULL,
-                counters: DevPtrMut::NULL,
-                rows: sh.proj_rows() as u32,
-                cols: sh.embed_dim() as u32,
-            },
-            proj_nvfp4: gemv_nvfp4::Args {
-                packed: DevPtr::NULL,
-                scales: DevPtr::NULL,
-                scale2: DevPtr::NULL,
-                x: DevPtr::NULL,
-                y: DevPtrMut::NULL,
-                partial: DevPtrMut::NULL,
-                counters: DevPtrMut::NULL,
-                rows: sh.proj_rows() as u32,
-                cols: sh.embed_dim() as u32,
-                // Two matrices stacked: the key's n·d rows, then the value's.
-                seg1: sh.residual_width() as u32,
-                seg2: sh.proj_rows() as u32,
-                seg3: sh.proj_rows() as u32,
-            },
+            proj,
+            proj_nvfp4,
             nvfp4: false,
             gate_conv: ple_gate_conv::Args {
                 proj: DevPtr::NULL,
