@@ -850,6 +850,25 @@ mod tests {
         assert!(split.check(PUBLISHED, RowFormat::Bf16).is_err(), "2560 columns do not split 16 ways");
     }
 
+    /// Both formats' GEMV arguments address the weights and scratch they were given: the bf16
+    /// values or the NVFP4 codes, block scales and global scales, the row boundaries, the rows in
+    /// and the projections out, and the published shape's rows and columns.
+    #[test]
+    fn projection_args_bind_the_weights_and_scratch() {
+        let (b, n) = projection_args(PUBLISHED, ([0x100, 0x200, 0x300], [10240, 12800, 12800]), [1, 2, 3, 4]);
+        assert_eq!((b.w.addr(), n.packed.addr(), n.scales.addr(), n.scale2.addr()), (0x100, 0x100, 0x200, 0x300));
+        assert_eq!((n.seg1, n.seg2, n.seg3), (10240, 12800, 12800));
+        for (x, y, partial, counters) in [
+            (b.x.addr(), b.y.addr(), b.partial.addr(), b.counters.addr()),
+            (n.x.addr(), n.y.addr(), n.partial.addr(), n.counters.addr()),
+        ] {
+            assert_eq!((x, y, partial, counters), (1, 2, 3, 4));
+        }
+        assert_eq!((b.rows, b.cols, n.rows, n.cols), (12800, 2560, 12800, 2560));
+        let unbound = PleLaunches::unbound(PUBLISHED, RowFormat::Nvfp4).proj_nvfp4;
+        assert_eq!((unbound.seg1, unbound.seg2, unbound.seg3), (10240, 12800, 12800), "key rows, then value rows");
+    }
+
     /// The NVFP4 projections: the defaults run the published shape; a narrow embedding (128
     /// columns, as the tiny checkpoints have) gets a GEMV that fits from `fitting`; a split past
     /// the scratch is refused by name.
