@@ -151,98 +151,103 @@ fn main() {
     } else if compare {
         tile_sets.push(TileSource::Tuned);
     }
-    let tile_sets: Vec<TileSource> = (0..rounds.max(1)).flat_map(|_| tile_sets.clone()).collect();
+    // Round after round, each round every variant at every tile set, so that a drift of the
+    // device's speed over the run falls on every variant alike (session 45 ran two formats one
+    // after the other and could not tell its gain from such a drift).
+    let runs: Vec<(&str, Formats, TileSource)> = (0..rounds.max(1))
+        .flat_map(|_| variants.iter().flat_map(|&(v, f)| tile_sets.iter().map(move |t| (v, f, t.clone()))))
+        .collect();
+    let first_variant = variants[0].0;
     let mut rec = Recorder::new(&gpu, "step", None);
     let mut gpu = Some(gpu);
     // (variant, tiles, context) → ms/token on the device.
     let mut results: Vec<(&str, String, usize, f64)> = Vec::new();
-    for (variant, formats) in variants {
-        for source in &tile_sets {
-            let g = gpu.take().expect("the device");
-            let context = *CONTEXTS.iter().max().expect("contexts");
-            let plan = source.plan(&cfg, formats, context, g.info());
-            let tiles = source.name();
-            let name = format!("{variant} ({tiles})");
-            let t0 = Instant::now();
-            let model = ModelOnDevice::synthetic(&g, &cfg, &plan, 1, &mut |what, done, total| {
-                if done == total {
-                    eprintln!("  {what}: {done}/{total}");
-                }
-            })
-            .expect("synthetic model");
-            println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
-            let mut e = Engine::new(g, plan, model).expect("engine");
-            e.step(1).expect("warm-up");
-            // The profile at the first context's last position, where its timed steps run: the
-            // attention's work grows with the position (at position 1 it attends to two tokens).
-            let profile_position = CONTEXTS[0] - 1;
-            e.seek(profile_position).expect("seek");
-            let (_, profile) = e.step_profiled(2).expect("profile");
-            e.capture().expect("capture");
-            for context in CONTEXTS {
-                let position = context - 1;
-                let bytes = e.bytes_per_token(position) as f64;
-                // Device time of the graph per token, the upload included.
-                let timer = EventTimer::new(e.gpu()).expect("events");
-                let mut device = Vec::new();
-                let mut wall = Vec::new();
-                for _ in 0..SAMPLES {
-                    e.seek(position).expect("seek");
-                    let t = Instant::now();
-                    timer.start(e.gpu()).expect("start");
-                    e.step(3).expect("step");
-                    wall.push(t.elapsed().as_secs_f64());
-                    // The step waited for its token, so the end event lands right after it.
-                    device.push(timer.stop(e.gpu()).expect("stop").as_secs_f64());
-                }
-                device.sort_by(f64::total_cmp);
-                wall.sort_by(f64::total_cmp);
-                let (med, p10, p90) = (percentile(&device, 0.5), percentile(&device, 0.1), percentile(&device, 0.9));
-                let wall_med = percentile(&wall, 0.5);
-                let floor = bytes / H200_BYTES_PER_S;
-                let line = format!(
-                    "step {name} context {context}: {:.3} ms/token on the device (p10 {:.3}, p90 {:.3}), {:.3} ms wall per \
+    for (variant, formats, source) in &runs {
+        let (variant, formats) = (*variant, *formats);
+        let g = gpu.take().expect("the device");
+        let context = *CONTEXTS.iter().max().expect("contexts");
+        let plan = source.plan(&cfg, formats, context, g.info());
+        let tiles = source.name();
+        let name = format!("{variant} ({tiles})");
+        let t0 = Instant::now();
+        let model = ModelOnDevice::synthetic(&g, &cfg, &plan, 1, &mut |what, done, total| {
+            if done == total {
+                eprintln!("  {what}: {done}/{total}");
+            }
+        })
+        .expect("synthetic model");
+        println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
+        let mut e = Engine::new(g, plan, model).expect("engine");
+        e.step(1).expect("warm-up");
+        // The profile at the first context's last position, where its timed steps run: the
+        // attention's work grows with the position (at position 1 it attends to two tokens).
+        let profile_position = CONTEXTS[0] - 1;
+        e.seek(profile_position).expect("seek");
+        let (_, profile) = e.step_profiled(2).expect("profile");
+        e.capture().expect("capture");
+        for context in CONTEXTS {
+            let position = context - 1;
+            let bytes = e.bytes_per_token(position) as f64;
+            // Device time of the graph per token, the upload included.
+            let timer = EventTimer::new(e.gpu()).expect("events");
+            let mut device = Vec::new();
+            let mut wall = Vec::new();
+            for _ in 0..SAMPLES {
+                e.seek(position).expect("seek");
+                let t = Instant::now();
+                timer.start(e.gpu()).expect("start");
+                e.step(3).expect("step");
+                wall.push(t.elapsed().as_secs_f64());
+                // The step waited for its token, so the end event lands right after it.
+                device.push(timer.stop(e.gpu()).expect("stop").as_secs_f64());
+            }
+            device.sort_by(f64::total_cmp);
+            wall.sort_by(f64::total_cmp);
+            let (med, p10, p90) = (percentile(&device, 0.5), percentile(&device, 0.1), percentile(&device, 0.9));
+            let wall_med = percentile(&wall, 0.5);
+            let floor = bytes / H200_BYTES_PER_S;
+            let line = format!(
+                "step {name} context {context}: {:.3} ms/token on the device (p10 {:.3}, p90 {:.3}), {:.3} ms wall per \
                  Engine::step; {:.1} MB/token, floor {:.3} ms at 4.27 TB/s ({:.0}% reached); {} launches, 1 host wait \
                  per token; GB10 projection {:.1} ms/token at 230 GB/s (bytes only)",
-                    med * 1e3,
-                    p10 * 1e3,
-                    p90 * 1e3,
-                    wall_med * 1e3,
-                    bytes / 1e6,
-                    floor * 1e3,
-                    100.0 * floor / med,
-                    e.launches_per_token(),
-                    bytes / GB10_BYTES_PER_S * 1e3
-                );
-                println!("{line}");
-                results.push((variant, tiles.clone(), context, med * 1e3));
-                let what = Sample::new("step", format!("{name}, context {context}"), Unit::Token, (med, p10, p90));
-                let notes = format!("wall per Engine::step {:.3} ms, 1 host wait per token", wall_med * 1e3);
-                rec.record_quietly(what.bytes(bytes as usize).launches(e.launches_per_token()).notes(notes));
-                if e.gpu().traced() {
-                    // The tuned half's files beside the default half's, not over them.
-                    let tag = format!("{variant}{}-{context}", source.tag());
-                    trace_one_token(&mut e, position, &tag);
-                }
-            }
-            let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
-            println!(
-                "  profile of one eager step at position {profile_position} (events between launch groups), {:.3} ms in all:",
-                total * 1e3
+                med * 1e3,
+                p10 * 1e3,
+                p90 * 1e3,
+                wall_med * 1e3,
+                bytes / 1e6,
+                floor * 1e3,
+                100.0 * floor / med,
+                e.launches_per_token(),
+                bytes / GB10_BYTES_PER_S * 1e3
             );
-            for (stage, t, n) in &profile.stages {
-                println!("    {:<22} {:>8.3} ms  {:>5.1}%  ({n} groups)", stage.name(), t * 1e3, 100.0 * t / total);
-                let group = format!("eager profile at position {profile_position}, {name}");
-                let what = Sample::median(group, stage.name(), Unit::Token, *t);
-                rec.record_quietly(what.notes(format!("{n} groups, events between groups")));
+            println!("{line}");
+            results.push((variant, tiles.clone(), context, med * 1e3));
+            let what = Sample::new("step", format!("{name}, context {context}"), Unit::Token, (med, p10, p90));
+            let notes = format!("wall per Engine::step {:.3} ms, 1 host wait per token", wall_med * 1e3);
+            rec.record_quietly(what.bytes(bytes as usize).launches(e.launches_per_token()).notes(notes));
+            if e.gpu().traced() {
+                // The tuned half's files beside the default half's, not over them.
+                let tag = format!("{variant}{}-{context}", source.tag());
+                trace_one_token(&mut e, position, &tag);
             }
-            let mut g = e.into_gpu();
-            if g.traced() {
-                // The next tile set's model and captures start from an empty arena.
-                g.trace_forget().expect("trace forget");
-            }
-            gpu = Some(g);
         }
+        let total: f64 = profile.stages.iter().map(|(_, t, _)| t).sum();
+        println!(
+            "  profile of one eager step at position {profile_position} (events between launch groups), {:.3} ms in all:",
+            total * 1e3
+        );
+        for (stage, t, n) in &profile.stages {
+            println!("    {:<22} {:>8.3} ms  {:>5.1}%  ({n} groups)", stage.name(), t * 1e3, 100.0 * t / total);
+            let group = format!("eager profile at position {profile_position}, {name}");
+            let what = Sample::median(group, stage.name(), Unit::Token, *t);
+            rec.record_quietly(what.notes(format!("{n} groups, events between groups")));
+        }
+        let mut g = e.into_gpu();
+        if g.traced() {
+            // The next tile set's model and captures start from an empty arena.
+            g.trace_forget().expect("trace forget");
+        }
+        gpu = Some(g);
     }
     // Each other tile set's mean against the defaults' mean, per variant and context.
     let mean = |variant: &str, tiles: &str, context: usize| {
@@ -250,6 +255,23 @@ fn main() {
             results.iter().filter(|r| r.0 == variant && r.1 == tiles && r.2 == context).map(|r| r.3).collect();
         (v.iter().sum::<f64>() / v.len().max(1) as f64, v.len())
     };
+    // Each other variant at the default tiles against the first variant's (formats compared in
+    // one run, round by round).
+    let mut seen_variants: Vec<(&str, usize)> = Vec::new();
+    for (variant, tiles, context, _) in &results {
+        if *variant == first_variant || tiles != "default tiles" || seen_variants.contains(&(*variant, *context)) {
+            continue;
+        }
+        seen_variants.push((*variant, *context));
+        let ((other, n), (first, m)) =
+            (mean(variant, "default tiles", *context), mean(first_variant, "default tiles", *context));
+        if m > 0 {
+            println!(
+                "step context {context}: {variant} {other:.3} ms/token against {first_variant} {first:.3} ms/token ({:+.1}%; means of {n} and {m} runs, default tiles)",
+                100.0 * (other - first) / first
+            );
+        }
+    }
     let mut seen: Vec<(&str, &str, usize)> = Vec::new();
     for (variant, tiles, context, _) in &results {
         let key = (*variant, tiles.as_str(), *context);
