@@ -100,9 +100,10 @@ pub struct Cli {
     #[arg(long, value_name = "GB_PER_S")]
     pub peak_gbs: Option<f64>,
 
-    /// GPU only: quantise the experts, the Gated Residual's projections, the GDN input projections
-    /// and the lm_head to NVFP4 at load (a bf16 checkpoint otherwise runs in bf16). --synthetic
-    /// is always NVFP4.
+    /// GPU only: run every projection that has an NVFP4 kernel in NVFP4 (the experts, the Gated
+    /// Residual's, GDN's, QSA's and PLE's projections, the lm_head), quantising a bf16
+    /// checkpoint's at load; the routers, norms, convs and the attention stay bf16 (a bf16
+    /// checkpoint otherwise runs in bf16). --synthetic is always NVFP4.
     #[arg(long)]
     pub nvfp4: bool,
 }
