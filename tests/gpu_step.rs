@@ -208,6 +208,7 @@ const GOLDENS: [(&str, Formats, f64); 4] = [
     ("tiny-dense", Formats::BF16, 1e-2),
     // The NVFP4 checkpoint on the NVFP4 path (GDN's NVFP4 input projection reads 512 columns a
     // block: hidden 256 keeps it in bf16), against goldens computed on its dequantised weights.
+    // Its PLE layers store their key and value projections in NVFP4, and run them as stored.
     ("tiny-sparse-nvfp4", Formats { gdn_in_proj: false, ..Formats::NVFP4 }, NVFP4_TOL),
 ];
 
