@@ -162,8 +162,7 @@ fn main() {
     let mut gpu = Some(gpu);
     // (variant, tiles, context) → ms/token on the device.
     let mut results: Vec<(&str, String, usize, f64)> = Vec::new();
-    for (variant, formats, source) in &runs {
-        let (variant, formats) = (*variant, *formats);
+    for &(variant, formats, ref source) in &runs {
         let g = gpu.take().expect("the device");
         let context = *CONTEXTS.iter().max().expect("contexts");
         let plan = source.plan(&cfg, formats, context, g.info());
@@ -249,42 +248,42 @@ fn main() {
         }
         gpu = Some(g);
     }
-    // Each other tile set's mean against the defaults' mean, per variant and context.
+    // Each mean against its baseline, per context: another tile set against the same variant's
+    // defaults (an A/B of tiles), another variant's defaults against the first variant's (an A/B
+    // of formats, round by round).
     let mean = |variant: &str, tiles: &str, context: usize| {
         let v: Vec<f64> =
             results.iter().filter(|r| r.0 == variant && r.1 == tiles && r.2 == context).map(|r| r.3).collect();
         (v.iter().sum::<f64>() / v.len().max(1) as f64, v.len())
     };
-    // Each other variant at the default tiles against the first variant's (formats compared in
-    // one run, round by round).
-    let mut seen_variants: Vec<(&str, usize)> = Vec::new();
-    for (variant, tiles, context, _) in &results {
-        if *variant == first_variant || tiles != "default tiles" || seen_variants.contains(&(*variant, *context)) {
-            continue;
-        }
-        seen_variants.push((*variant, *context));
-        let ((other, n), (first, m)) =
-            (mean(variant, "default tiles", *context), mean(first_variant, "default tiles", *context));
-        if m > 0 {
-            println!(
-                "step context {context}: {variant} {other:.3} ms/token against {first_variant} {first:.3} ms/token ({:+.1}%; means of {n} and {m} runs, default tiles)",
-                100.0 * (other - first) / first
-            );
-        }
-    }
+    const DEFAULT: &str = "default tiles";
     let mut seen: Vec<(&str, &str, usize)> = Vec::new();
     for (variant, tiles, context, _) in &results {
         let key = (*variant, tiles.as_str(), *context);
-        if tiles == "default tiles" || seen.contains(&key) {
+        let base = if tiles != DEFAULT {
+            (*variant, DEFAULT)
+        } else if *variant != first_variant {
+            (first_variant, DEFAULT)
+        } else {
+            continue;
+        };
+        if seen.contains(&key) {
             continue;
         }
         seen.push(key);
-        let ((other, n), (default, m)) = (mean(variant, tiles, *context), mean(variant, "default tiles", *context));
-        if m > 0 {
-            let label = if tiles == "tuned tiles" { "tuned".to_owned() } else { tiles.clone() };
+        let ((other, n), (baseline, m)) = (mean(variant, tiles, *context), mean(base.0, base.1, *context));
+        if m == 0 {
+            continue;
+        }
+        let change = format!("{:+.1}%; means of {n} and {m} runs", 100.0 * (other - baseline) / baseline);
+        if tiles != DEFAULT {
+            let label = if tiles == "tuned tiles" { "tuned" } else { tiles.as_str() };
             println!(
-                "step {variant} context {context}: {label} {other:.3} ms/token against default {default:.3} ms/token ({:+.1}%; means of {n} and {m} runs)",
-                100.0 * (other - default) / default
+                "step {variant} context {context}: {label} {other:.3} ms/token against default {baseline:.3} ms/token ({change})"
+            );
+        } else {
+            println!(
+                "step context {context}: {variant} {other:.3} ms/token against {first_variant} {baseline:.3} ms/token ({change}, default tiles)"
             );
         }
     }

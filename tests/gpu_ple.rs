@@ -456,11 +456,7 @@ fn block_matches(cfg: &ModelConfig, tiles: &[PleTiles], label: &str, overlapped:
     let mut rng = Rng::fresh(label);
     let shape = PleShape::from_config(cfg).expect("shape");
     let mut w = ple_weights(&mut rng, cfg);
-    let quantised = nvfp4.then(|| [&w.key, &w.value].map(|l| Nvfp4Matrix::quantise(&l.w, l.rows, l.cols)));
-    if let Some([k, v]) = &quantised {
-        w.key.w = k.dequantise();
-        w.value.w = v.dequantise();
-    }
+    let quantised = nvfp4.then(|| [w.key.quantise_in_place(), w.value.quantise_in_place()]);
     let eos = w.hash.eos();
     let tokens = tokens(&mut rng, cfg.vocab_size, eos);
     let nd = shape.residual_width();

@@ -465,11 +465,17 @@ pub fn gdn_unit(shape: GdnShape, nvfp4_in_proj: bool, nvfp4_out_proj: bool) -> U
 /// before out_proj ran in NVFP4 keyed `nvfp4` by the input projection alone: their `gdn nvfp4`
 /// entries name `gemv_bf16` for out_proj, and [`Unit::apply`] reports them stale.
 pub fn gdn_format(nvfp4_in_proj: bool, nvfp4_out_proj: bool) -> &'static str {
-    match (nvfp4_in_proj, nvfp4_out_proj) {
+    two_part_format(nvfp4_in_proj, nvfp4_out_proj, "nvfp4 in_proj", "nvfp4 out_proj")
+}
+
+/// The format name of a unit whose two parts each are NVFP4 or bf16: `nvfp4` or `bf16` where they
+/// agree, else the name of the one alone in NVFP4.
+fn two_part_format(a: bool, b: bool, only_a: &'static str, only_b: &'static str) -> &'static str {
+    match (a, b) {
         (true, true) => "nvfp4",
         (false, false) => "bf16",
-        (true, false) => "nvfp4 in_proj",
-        (false, true) => "nvfp4 out_proj",
+        (true, false) => only_a,
+        (false, true) => only_b,
     }
 }
 
@@ -556,12 +562,7 @@ pub fn qsa_unit(shape: QsaShape, capacity: usize, grid: bool, nvfp4: bool) -> Un
 /// projections ran in NVFP4 keyed `nvfp4` by the rows alone: their `ple nvfp4` entries name
 /// `gemv_bf16` for the projections, and [`Unit::apply`] reports them stale.
 pub fn ple_format(rows: RowFormat, nvfp4_proj: bool) -> &'static str {
-    match (rows == RowFormat::Nvfp4, nvfp4_proj) {
-        (true, true) => "nvfp4",
-        (false, false) => "bf16",
-        (true, false) => "nvfp4 rows",
-        (false, true) => "nvfp4 proj",
-    }
+    two_part_format(rows == RowFormat::Nvfp4, nvfp4_proj, "nvfp4 rows", "nvfp4 proj")
 }
 
 /// The PLE block of one PLE layer with its table's rows in `format` and its projections in NVFP4

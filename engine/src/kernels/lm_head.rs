@@ -176,7 +176,7 @@ pub fn lm_head_argmax_nvfp4(
     // static the last block on the H100 ended 16 µs after the median one (session 43's traced
     // step), and the launch's p90 was 13% above its median (this kernel's bench, 2026-12-06;
     // 0.3% at DYNAMIC 1). The caller holds such a grid to the blocks the device runs at once
-    // (`layers::lm_head`: at 72 registers an SM takes 7 of them). A thread's rows rise,
+    // (`layers::lm_head`). A thread's rows rise,
     // so a strict `>` below keeps the lower row on a tie. Every lane of a warp runs the same
     // rows (vocab, and static_end, are multiples of the warp's groups), so the shuffles below
     // always see the whole warp.

@@ -141,8 +141,9 @@ impl LmHead {
         let mut blocks = (gpu.info().sm_count * waves.max(1)).min(65_535);
         // A grid that hands rows out at run time is held to the blocks the device runs at once: a
         // block that waits for a slot would start when the others are done, the very tail the
-        // tickets remove (at 72 registers an SM holds 7 of its blocks, not the 8 of the default
-        // waves, and the H100 launch took 206 µs against 140 µs; 2026-12-06).
+        // tickets remove (the first form of the kernel took 72 registers, an SM held 7 of its
+        // blocks, not the 8 of the default waves, and the H100 launch took 206 µs against 140 µs;
+        // 2026-12-06).
         if let LmHeadKernel::Nvfp4(k) = &kernel
             && k.tiles().dynamic > 0
         {

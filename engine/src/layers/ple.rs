@@ -409,13 +409,7 @@ impl PleTiles {
             Gather::Nvfp4(a) => ple_gather_nvfp4::Kernel::launch_dims(&self.gather_nvfp4, &a).map(|_| ())?,
         }
         let proj = PleLaunches::unbound(shape, format).proj;
-        let dims = gemv_bf16::Kernel::launch_dims(&self.proj, &proj)?;
-        if dims.grid[1] as usize > MAX_PROJ_SPLIT {
-            return Err(LaunchError {
-                kernel: "gemv_bf16 (PLE projections)",
-                message: format!("split-K {}: the scratch holds {MAX_PROJ_SPLIT}", dims.grid[1]),
-            });
-        }
+        proj_split_fits("gemv_bf16 (PLE projections)", &gemv_bf16::Kernel::launch_dims(&self.proj, &proj)?)?;
         ple_gate_conv::Kernel::launch_dims(&self.gate_conv, &PleLaunches::unbound(shape, format).gate_conv)?;
         Ok(())
     }
@@ -423,15 +417,19 @@ impl PleTiles {
     /// Whether the projections' NVFP4 GEMV runs `shape` at these tiles, within its scratch.
     pub fn check_nvfp4(&self, shape: PleShape) -> std::result::Result<(), LaunchError> {
         let proj = PleLaunches::unbound(shape, RowFormat::Bf16).proj_nvfp4;
-        let dims = gemv_nvfp4::Kernel::launch_dims(&self.proj_nvfp4, &proj)?;
-        if dims.grid[1] as usize > MAX_PROJ_SPLIT {
-            return Err(LaunchError {
-                kernel: "gemv_nvfp4 (PLE projections)",
-                message: format!("split-K {}: the scratch holds {MAX_PROJ_SPLIT}", dims.grid[1]),
-            });
-        }
-        Ok(())
+        proj_split_fits("gemv_nvfp4 (PLE projections)", &gemv_nvfp4::Kernel::launch_dims(&self.proj_nvfp4, &proj)?)
     }
+}
+
+/// Whether a projection GEMV's split-K (its grid's height) fits the scratch's partials.
+fn proj_split_fits(kernel: &'static str, dims: &kernel_dsl::LaunchDims) -> std::result::Result<(), LaunchError> {
+    if dims.grid[1] as usize > MAX_PROJ_SPLIT {
+        return Err(LaunchError {
+            kernel,
+            message: format!("split-K {}: the scratch holds {MAX_PROJ_SPLIT}", dims.grid[1]),
+        });
+    }
+    Ok(())
 }
 
 impl PleTiles {
@@ -475,7 +473,7 @@ impl PleTiles {
         // The NVFP4 projections: the default where it fits, else the split lowered, then the
         // lanes a row; one that never fits keeps the default and `check_nvfp4` refuses it.
         let proj = PleLaunches::unbound(shape, RowFormat::Bf16).proj_nvfp4;
-        let in_scratch = |d: &kernel_dsl::LaunchDims| d.grid[1] as usize <= MAX_PROJ_SPLIT;
+        let in_scratch = |d: &kernel_dsl::LaunchDims| proj_split_fits("", d).is_ok();
         if let Some(v) = crate::kernels::gemv_nvfp4::fitting(t.proj_nvfp4, &proj, in_scratch) {
             t.proj_nvfp4 = v;
         }
@@ -883,7 +881,6 @@ mod tests {
         let wide = PleShape { heads: 32, width: 1024, ..PUBLISHED };
         let split = PleTiles { proj_nvfp4: gemv_nvfp4::Tiles { k_split: 8, ..t.proj_nvfp4 }, ..t };
         split.check_nvfp4(wide).expect("8 splits");
-        let e = PleTiles { proj_nvfp4: gemv_nvfp4::Tiles { k_split: 8, ..t.proj_nvfp4 }, ..t };
-        assert!(e.check_nvfp4(PUBLISHED).is_err(), "2560 columns in 8 splits of 16-lane steps");
+        assert!(split.check_nvfp4(PUBLISHED).is_err(), "2560 columns in 8 splits of 8-lane steps");
     }
 }

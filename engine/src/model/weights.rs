@@ -36,6 +36,14 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// Its NVFP4 form, with its values replaced by that form's dequantisation: what a device
+    /// computes with the NVFP4 matrix, for a reference to compare with.
+    pub fn quantise_in_place(&mut self) -> Nvfp4Matrix {
+        let m = Nvfp4Matrix::quantise(&self.w, self.rows, self.cols);
+        self.w = m.dequantise();
+        m
+    }
+
     /// y = W·x (+ b).
     pub fn apply(&self, x: &[f32]) -> Vec<f32> {
         let mut y = crate::reference::gemv::gemv(&self.w, x, self.rows, self.cols);

@@ -150,13 +150,9 @@ pub fn ple<'g>(
         }
     };
     let (nd, p) = (shape.residual_width(), shape.embed_dim());
-    let (key, value) = (linear(&mut rng, nd, p), linear(&mut rng, shape.hidden, p));
+    let (mut key, mut value) = (linear(&mut rng, nd, p), linear(&mut rng, shape.hidden, p));
     // NVFP4 projections: the reference takes their dequantised values.
-    let quantised = nvfp4_proj.then(|| [&key, &value].map(|l| Nvfp4Matrix::quantise(&l.w, l.rows, l.cols)));
-    let (key, value) = match &quantised {
-        Some([k, v]) => (Linear { w: k.dequantise(), ..key }, Linear { w: v.dequantise(), ..value }),
-        None => (key, value),
-    };
+    let quantised = nvfp4_proj.then(|| [key.quantise_in_place(), value.quantise_in_place()]);
     let host = PleWeights {
         hash: hashes[0].clone(),
         table: table0,

@@ -23,7 +23,6 @@ use engine::layers::qsa::{
     QsaCaches, QsaContext, QsaKernels, QsaLaunches, QsaScratch, QsaShape, QsaTiles, QsaWeightsOnDevice,
 };
 use engine::model::config::ModelConfig;
-use engine::model::nvfp4::Nvfp4Matrix;
 use engine::model::weights::{Linear, QsaWeights};
 use engine::reference::fill::Uniform;
 use engine::reference::qsa::{QsaState, block_scores, qsa_traced, top_blocks};
@@ -100,15 +99,10 @@ fn upload_layer0(gpu: &Gpu, shape: QsaShape, host: &mut QsaWeights, nvfp4: bool)
     if !nvfp4 {
         return QsaWeightsOnDevice::upload_bf16(gpu, shape, host).map_err(err);
     }
-    let q = |l: &Linear| Nvfp4Matrix::quantise(&l.w, l.rows, l.cols);
-    let (wq, wk, wv, wi, wo) = (q(&host.q), q(&host.k), q(&host.v), q(&host.index_qk), q(&host.o));
-    let layer = QsaWeightsOnDevice::upload(gpu, shape, host, Some(([&wq, &wk, &wv, &wi], &wo))).map_err(err)?;
-    for (l, m) in
-        [(&mut host.q, &wq), (&mut host.k, &wk), (&mut host.v, &wv), (&mut host.index_qk, &wi), (&mut host.o, &wo)]
-    {
-        l.w = m.dequantise();
-    }
-    Ok(layer)
+    // The reference takes the dequantised values (uploading reads only the NVFP4 forms).
+    let [wq, wk, wv, wi, wo] =
+        [&mut host.q, &mut host.k, &mut host.v, &mut host.index_qk, &mut host.o].map(Linear::quantise_in_place);
+    QsaWeightsOnDevice::upload(gpu, shape, host, Some(([&wq, &wk, &wv, &wi], &wo))).map_err(err)
 }
 
 /// The QSA harness for caches of `capacity` tokens (the plan's), decoding at `capacity − 1`, the
