@@ -342,7 +342,6 @@ fn bench_qsa(c: &mut Criterion) {
                 gpu.upload(&blocks).expect("selection")
             })
             .collect();
-        let count = gpu.upload(&[TOP as u32]).expect("count");
         let pos = gpu.upload(&[position as u32]).expect("position");
         let q = gpu.upload(&(0..q_heads * head_dim).map(|_| rng.normal()).collect::<Vec<f32>>()).expect("q");
         let gate = gpu.upload(&(0..q_heads * head_dim).map(|_| rng.normal()).collect::<Vec<f32>>()).expect("gate");
@@ -358,7 +357,6 @@ fn bench_qsa(c: &mut Criterion) {
                 k_cache: caches[l].0.ptr(),
                 v_cache: caches[l].1.ptr(),
                 selected: selections[l].ptr(),
-                count: count.ptr(),
                 position: pos.ptr(),
                 partial_acc: acc[l].ptr_mut(),
                 partial_ml: ml[l].ptr_mut(),
@@ -383,10 +381,14 @@ fn bench_qsa(c: &mut Criterion) {
                     partial_acc: acc[l].ptr(),
                     partial_ml: ml[l].ptr(),
                     gate: gate.ptr(),
+                    position: pos.ptr(),
                     o: o[l].ptr_mut(),
                     q_heads: q_heads as u32,
                     head_dim: head_dim as u32,
                     splits: dims.grid[1],
+                    chunk: tiles.chunk,
+                    block_tokens: BLOCK_TOKENS as u32,
+                    top: TOP as u32,
                 })
                 .collect();
             let ka = gpu.kernel::<qsa_attention::Kernel>(*tiles).expect("compile");

@@ -576,7 +576,6 @@ fn attention_case(
     let d_k = gpu.upload(&k_cache).expect("k cache");
     let d_v = gpu.upload(&v_cache).expect("v cache");
     let d_sel = gpu.upload(&sel_host).expect("selected");
-    let d_count = gpu.upload(&[c.top.min(n) as u32]).expect("count");
     let d_pos = gpu.upload(&[(c.context - 1) as u32]).expect("position");
     let splits_max = (c.top * c.block_tokens + c.block_tokens).div_ceil(16);
     let mut acc = gpu.alloc::<f32>(hq * splits_max * dh).expect("partials");
@@ -590,7 +589,6 @@ fn attention_case(
             k_cache: d_k.ptr(),
             v_cache: d_v.ptr(),
             selected: d_sel.ptr(),
-            count: d_count.ptr(),
             position: d_pos.ptr(),
             partial_acc: acc.ptr_mut(),
             partial_ml: ml.ptr_mut(),
@@ -608,10 +606,14 @@ fn attention_case(
             partial_acc: acc.ptr(),
             partial_ml: ml.ptr(),
             gate: d_gate.ptr(),
+            position: d_pos.ptr(),
             o: o.ptr_mut(),
             q_heads: hq as u32,
             head_dim: dh as u32,
             splits: dims.grid[1],
+            chunk: tiles.chunk,
+            block_tokens: c.block_tokens as u32,
+            top: c.top as u32,
         };
         if qsa_attention_combine::Kernel::launch_dims(&combine_tiles, &combine_args).is_err() {
             continue;

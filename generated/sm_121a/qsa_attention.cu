@@ -8,11 +8,13 @@
 // fixed order and applies σ(gate):
 //
 // ```text
-// tokens = [c·b + i for b in selected[..count[0]], i < c] ++ [c·complete ..= position[0]]
+// tokens = [c·b + i for b in selected[..count], i < c] ++ [c·complete ..= position[0]]
 // o_h = σ(gate_h) ⊙ Σ_t softmax_t(q_h · k_t · scale) v_t      (k, v of key/value head h / group)
 // ```
 //
-// with c = `block_tokens`, complete = (position + 1) / c. `q` [q_heads, head_dim] holds the
+// with c = `block_tokens`, complete = (position + 1) / c and count = min(complete, top), the
+// number of blocks `qsa_top_blocks` chose (its `count[0]`; the position lies inside the context,
+// so the cache's capacity never binds). `q` [q_heads, head_dim] holds the
 // queries after their norm and RoPE; the caches [tokens, kv_heads, head_dim] are bf16, read in
 // place through the selection (no copy of the chosen tokens). Everything that varies per token
 // is read from device memory; the grid is sized for the largest selection (`top` blocks plus a
@@ -32,8 +34,9 @@
 // is the default, lowered where it does not divide the heads
 // ([`QsaTiles::fitting`](crate::layers::qsa::QsaTiles::fitting)). The split's unnormalised output
 // and (m, Σ) go to `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits,
-// 2]; splits past the selection's end write an empty partial (m = −∞, Σ = 0, zeros) and stop;
-// split 0 always holds the current token.
+// 2]; splits past the selection's end write nothing (the combine reads the first ⌈total /
+// CHUNK⌉, which it counts from the position as this kernel does); split 0 always holds the
+// current token.
 //
 // The block is one chain of memory round trips (the selection, then K and V), so every load of a
 // round is issued before the first use of any: once the chunk's rows are known, each thread loads
@@ -72,6 +75,12 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).
+// The built-in is an ordinary load to the compiler: several can be in flight at once.
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
+
 // Programmatic dependent launch: wait until the grids this one overlaps have finished and
 // their writes are visible; let the next grid start (its blocks wait in turn).
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -84,7 +93,6 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const bf16* k_cache,
     const bf16* v_cache,
     const unsigned* selected,
-    const unsigned* count,
     const unsigned* position,
     float* partial_acc,
     float* partial_ml,
@@ -95,6 +103,15 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned top,
     const float scale)
 {
+    const unsigned c = block_tokens;
+    const unsigned pos = ld_cg(position);
+    const unsigned complete = (pos + 1u) / c;
+    const unsigned chosen = min(complete, top) * c;
+    const unsigned total = chosen + (pos + 1u - complete * c);
+    const unsigned t0 = blockIdx.y * 16u;
+    if (t0 >= total) {
+        return;
+    }
     grid_dependency_wait();
     launch_dependents();
     __shared__ __align__(16) float qs[4096];
@@ -106,26 +123,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned splits = gridDim.y;
     const unsigned group = q_heads / kv_heads / 3u;
     const unsigned head0 = kvh * (q_heads / kv_heads) + blockIdx.x % 3u * group;
-    const unsigned c = block_tokens;
-    const unsigned pos = position[0u];
-    const unsigned complete = (pos + 1u) / c;
-    const unsigned chosen = min(count[0u], top) * c;
-    const unsigned total = chosen + (pos + 1u - complete * c);
-    const unsigned t0 = split * 16u;
     const unsigned d = 2u * threadIdx.x;
-    if (t0 >= total) {
-        if (threadIdx.x < group) {
-            const unsigned slot = (head0 + threadIdx.x) * splits + split;
-            partial_ml[2u * slot] = -__uint_as_float(0x7f800000u);
-            partial_ml[2u * slot + 1u] = 0.0f;
-        }
-        for (unsigned h = 0u; h < group; ++h) {
-            const unsigned at = ((head0 + h) * splits + split) * head_dim + d;
-            partial_acc[at] = 0.0f;
-            partial_acc[at + 1u] = 0.0f;
-        }
-        return;
-    }
     const unsigned len = min(16u, total - t0);
     for (unsigned __i_i = 0u, __i_n = group * head_dim > 4u * threadIdx.x ? (group * head_dim - 4u * threadIdx.x - 1u) / 512u + 1u : 0u; __i_i < __i_n; ++__i_i) {
         const unsigned i = 4u * threadIdx.x + __i_i * 512u;
@@ -224,9 +222,9 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
         }
         const float sum = warp_sum(e_1);
         if ((threadIdx.x & 31u) == 0u) {
-            const unsigned slot_1 = (head0 + h) * splits + split;
-            partial_ml[2u * slot_1] = m;
-            partial_ml[2u * slot_1 + 1u] = sum;
+            const unsigned slot = (head0 + h) * splits + split;
+            partial_ml[2u * slot] = m;
+            partial_ml[2u * slot + 1u] = sum;
         }
     }
     __syncthreads();
@@ -252,9 +250,9 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     #pragma unroll
     for (unsigned h = 0u; h < 16u; ++h) {
         if (h < group) {
-            const unsigned at_1 = ((head0 + h) * splits + split) * head_dim + d;
-            partial_acc[at_1] = acc0[h];
-            partial_acc[at_1 + 1u] = acc1[h];
+            const unsigned at = ((head0 + h) * splits + split) * head_dim + d;
+            partial_acc[at] = acc0[h];
+            partial_acc[at + 1u] = acc1[h];
         }
     }
 }

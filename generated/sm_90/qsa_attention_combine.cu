@@ -13,18 +13,30 @@
 // over `partial_acc` [q_heads, splits, head_dim] (each split's unnormalised output) and
 // `partial_ml` [q_heads, splits, 2] (its max logit m_s and Σ l_s), `gate` [q_heads, head_dim]
 // the raw gate, `o` [q_heads, head_dim] in bf16. `splits` must be the attention's grid height
-// (its launch dims' `grid[1]`), which sets the partials' layout. The attention fills its splits
-// in order, so the non-empty ones (m_s > −∞) are a prefix, `live` of them; split 0 always holds
-// the current token, so m is finite; of the empty ones only m_s is read, to count them.
+// (its launch dims' `grid[1]`), which sets the partials' layout, and `chunk` its CHUNK tile (the
+// tokens a split holds). The attention fills its splits in order, so the non-empty ones are a
+// prefix, `live` of them; split 0 always holds the current token, so m is finite.
+//
+// `live` comes from the position: the attention attends to `min((position + 1) / block_tokens,
+// top)` whole blocks (the count `qsa_top_blocks` writes: the position lies inside the context, so
+// the cache's capacity never binds) and the tail of the block being filled, so live = ⌈total /
+// chunk⌉, the attention's own arithmetic, and the splits past it are neither written nor read.
+// The position is the step's metadata, copied from the host before the step's first kernel, so
+// it is read (from L2) before the grid dependency wait, and after the wait the live splits'
+// partials are the only round trip to L2: each way folds its splits into a running (m, Σ, o),
+// rescaling by e^(m_old − m_new) as the online softmax does, and way 0 rescales the ways' sums to
+// the largest m. The kernel used to scan every split's m_s first (a warp each: m and the live
+// count), a dependent round trip of its own while the next kernel's weights streamed; without it,
+// one NVIDIA H100, 2026-12-06 (BENCHMARKS.md, QSA section): the attention and combine alone at 32k
+// 15.41 → 13.71 µs, the step 0.7% faster at 32k and unchanged at 1k.
 //
 // Grid (q_heads, head_dim / (2·THREADS)): one query head and a slice of 2·THREADS dimensions a
 // block, so the work spreads over many SMs (96 blocks at 24 heads of 256 and the default tiles).
-// Each warp first finds its head's m and `live` on its own (lane i takes splits i, i + 32, …,
-// then warp reductions: a fixed order, the same in every warp, no shared memory or barrier).
-// Then the block's WAYS groups of THREADS threads share the live splits (way w takes splits w,
-// w + WAYS, …; thread t of a way holds dimensions 2t and 2t + 1 of the slice and its own copy of
-// Σ), each with its loop unrolled UNROLL times so that many L2 loads are in flight at once, and
-// way 0 adds the ways' sums in order through shared memory: two round trips to L2 a block.
+// The block's WAYS groups of THREADS threads share the live splits (way w takes splits w, w +
+// WAYS, …; thread t of a way holds dimensions 2t and 2t + 1 of the slice and its own copy of Σ),
+// each with its loop unrolled UNROLL times so that many L2 loads are in flight at once, and way 0
+// adds the ways' sums in order through shared memory. Every order is fixed: a launch's bits
+// repeat.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
@@ -36,21 +48,13 @@ __device__ __forceinline__ bf16 f32_to_bf16(float v) {
     return r;
 }
 
-// Butterfly sum over the 32 lanes of a warp; every lane gets the total.
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-    return v;
-}
-
-// Butterfly maximum over the 32 lanes of a warp; every lane gets it.
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-    return v;
-}
-
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).
+// The built-in is an ordinary load to the compiler: several can be in flight at once.
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
 
 // Programmatic dependent launch: wait until the grids this one overlaps have finished and
 // their writes are visible; let the next grid start (its blocks wait in turn).
@@ -63,11 +67,19 @@ extern "C" __global__ void __launch_bounds__(512) qsa_attention_combine(
     const float* partial_acc,
     const float* partial_ml,
     const float* gate,
+    const unsigned* position,
     bf16* o,
     const unsigned q_heads,
     const unsigned head_dim,
-    const unsigned splits)
+    const unsigned splits,
+    const unsigned chunk,
+    const unsigned block_tokens,
+    const unsigned top)
 {
+    const unsigned pos = ld_cg(position);
+    const unsigned complete = (pos + 1u) / block_tokens;
+    const unsigned total = min(complete, top) * block_tokens + (pos + 1u - complete * block_tokens);
+    const unsigned live_splits = min((total + chunk - 1u) / chunk, splits);
     grid_dependency_wait();
     launch_dependents();
     const unsigned head = blockIdx.x;
@@ -77,41 +89,43 @@ extern "C" __global__ void __launch_bounds__(512) qsa_attention_combine(
     const unsigned base = head * splits;
     const unsigned g = head * head_dim + d;
     const float2 gv = *reinterpret_cast<const float2*>(gate + g);
-    float m = -__uint_as_float(0x7f800000u);
-    float live = 0.0f;
-    for (unsigned __s_i = 0u, __s_n = splits > (threadIdx.x & 31u) ? (splits - (threadIdx.x & 31u) - 1u) / 32u + 1u : 0u; __s_i < __s_n; ++__s_i) {
-        const unsigned s = (threadIdx.x & 31u) + __s_i * 32u;
-        const float ms = partial_ml[2u * (base + s)];
-        m = fmaxf(m, ms);
-        if (ms != -__uint_as_float(0x7f800000u)) {
-            live += 1.0f;
-        }
-    }
-    m = warp_max(m);
-    const unsigned live_splits = (unsigned)warp_sum(live);
     float o0 = 0.0f;
     float o1 = 0.0f;
     float sum = 0.0f;
+    float m = -__uint_as_float(0x7f800000u);
     #pragma unroll 4
     for (unsigned __s_i = 0u, __s_n = live_splits > way ? (live_splits - way - 1u) / 16u + 1u : 0u; __s_i < __s_n; ++__s_i) {
         const unsigned s = way + __s_i * 16u;
         const float2 ml = *reinterpret_cast<const float2*>(partial_ml + 2u * (base + s));
         const float2 a = *reinterpret_cast<const float2*>(partial_acc + ((base + s) * head_dim + d));
-        const float w = expf(ml.x - m);
-        o0 += w * a.x;
-        o1 += w * a.y;
-        sum += w * ml.y;
+        const float m_new = fmaxf(m, ml.x);
+        const float old = expf(m - m_new);
+        const float w = expf(ml.x - m_new);
+        o0 = fmaf(w, a.x, o0 * old);
+        o1 = fmaf(w, a.y, o1 * old);
+        sum = fmaf(w, ml.y, sum * old);
+        m = m_new;
     }
     __shared__ __align__(16) float4 ways[512];
-    ways[threadIdx.x] = make_float4(o0, o1, sum, 0.0f);
+    ways[threadIdx.x] = make_float4(o0, o1, sum, m);
     __syncthreads();
     if (way == 0u) {
+        float top_m = m;
+        #pragma unroll
+        for (unsigned w = 1u; w < 16u; ++w) {
+            top_m = fmaxf(top_m, ways[w * 32u + t].w);
+        }
+        const float own = expf(m - top_m);
+        o0 = o0 * own;
+        o1 = o1 * own;
+        sum = sum * own;
         #pragma unroll
         for (unsigned w = 1u; w < 16u; ++w) {
             const float4 other = ways[w * 32u + t];
-            o0 += other.x;
-            o1 += other.y;
-            sum += other.z;
+            const float f = expf(other.w - top_m);
+            o0 = fmaf(f, other.x, o0);
+            o1 = fmaf(f, other.y, o1);
+            sum = fmaf(f, other.z, sum);
         }
         o[g] = f32_to_bf16(o0 / sum * sigmoid(gv.x));
         o[g + 1u] = f32_to_bf16(o1 / sum * sigmoid(gv.y));

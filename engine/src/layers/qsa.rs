@@ -785,7 +785,6 @@ impl QsaLaunches {
             k_cache: r(k_cache),
             v_cache: r(v_cache),
             selected: r(selected),
-            count: r(count),
             position: r(position),
             partial_acc: w(partial_acc),
             partial_ml: w(partial_ml),
@@ -797,7 +796,8 @@ impl QsaLaunches {
             scale: 1.0 / (sh.head_dim as f32).sqrt(),
         };
         // The combine reads as many splits as the attention's grid has (0 where the shape does
-        // not fit the tiles: `QsaTiles::check` reports that).
+        // not fit the tiles: `QsaTiles::check` reports that), and counts the live ones in the
+        // attention's chunks.
         let splits = qsa_attention::Kernel::launch_dims(&attention, &attention_args).map_or(0, |d| d.grid[1]);
         QsaLaunches {
             in_proj: gemv_bf16::Args {
@@ -867,10 +867,14 @@ impl QsaLaunches {
                 partial_acc: r(partial_acc),
                 partial_ml: r(partial_ml),
                 gate: r(gate),
+                position: r(position),
                 o: w(o),
                 q_heads: u(sh.q_heads),
                 head_dim: u(sh.head_dim),
                 splits,
+                chunk: attention.chunk,
+                block_tokens: u(sh.block_tokens),
+                top: u(sh.top),
             },
             o_proj: gemv_bf16::Args {
                 w: r(o_proj),

@@ -8,11 +8,13 @@ use kernel_macros::kernel;
 /// fixed order and applies σ(gate):
 ///
 /// ```text
-/// tokens = [c·b + i for b in selected[..count[0]], i < c] ++ [c·complete ..= position[0]]
+/// tokens = [c·b + i for b in selected[..count], i < c] ++ [c·complete ..= position[0]]
 /// o_h = σ(gate_h) ⊙ Σ_t softmax_t(q_h · k_t · scale) v_t      (k, v of key/value head h / group)
 /// ```
 ///
-/// with c = `block_tokens`, complete = (position + 1) / c. `q` [q_heads, head_dim] holds the
+/// with c = `block_tokens`, complete = (position + 1) / c and count = min(complete, top), the
+/// number of blocks `qsa_top_blocks` chose (its `count[0]`; the position lies inside the context,
+/// so the cache's capacity never binds). `q` [q_heads, head_dim] holds the
 /// queries after their norm and RoPE; the caches [tokens, kv_heads, head_dim] are bf16, read in
 /// place through the selection (no copy of the chosen tokens). Everything that varies per token
 /// is read from device memory; the grid is sized for the largest selection (`top` blocks plus a
@@ -32,8 +34,9 @@ use kernel_macros::kernel;
 /// is the default, lowered where it does not divide the heads
 /// ([`QsaTiles::fitting`](crate::layers::qsa::QsaTiles::fitting)). The split's unnormalised output
 /// and (m, Σ) go to `partial_acc` [q_heads, splits, head_dim] and `partial_ml` [q_heads, splits,
-/// 2]; splits past the selection's end write an empty partial (m = −∞, Σ = 0, zeros) and stop;
-/// split 0 always holds the current token.
+/// 2]; splits past the selection's end write nothing (the combine reads the first ⌈total /
+/// CHUNK⌉, which it counts from the position as this kernel does); split 0 always holds the
+/// current token.
 ///
 /// The block is one chain of memory round trips (the selection, then K and V), so every load of a
 /// round is issued before the first use of any: once the chunk's rows are known, each thread loads
@@ -68,7 +71,6 @@ pub fn qsa_attention(
     k_cache: &[bf16],
     v_cache: &[bf16],
     selected: &[u32],
-    count: &[u32],
     position: &[u32],
     partial_acc: &mut [f32],
     partial_ml: &mut [f32],
@@ -79,8 +81,21 @@ pub fn qsa_attention(
     top: u32,
     scale: f32,
 ) {
-    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
-    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    // Launched to overlap its predecessor (programmatic dependent launch). Before the wait only
+    // the position, which no kernel writes (the host's copy precedes the step): it says how many
+    // tokens the selection holds, so a split past them leaves at once, and after the wait the
+    // selection's entries are the first round trip, not the count's.
+    let c = block_tokens;
+    let pos = load_cg(position, 0);
+    let complete = (pos + 1) / c;
+    let chosen = min(complete, top) * c;
+    let total = chosen + (pos + 1 - complete * c);
+    let t0 = block_idx_y() * CHUNK;
+    if t0 >= total {
+        // An empty split (the whole block agrees): the combine counts the live splits from the
+        // position as this does, and reads none past them.
+        return;
+    }
     grid_dependency_wait();
     launch_dependents();
     let qs = shared::<f32, { 16 * 64 * WARPS }>();
@@ -95,28 +110,7 @@ pub fn qsa_attention(
     // HEAD_BLOCKS > 1, each share's block reading the same K and V rows).
     let group = q_heads / kv_heads / HEAD_BLOCKS;
     let head0 = kvh * (q_heads / kv_heads) + (block_idx() % HEAD_BLOCKS) * group;
-    let c = block_tokens;
-    let pos = position[0];
-    let complete = (pos + 1) / c;
-    let chosen = min(count[0], top) * c;
-    let total = chosen + (pos + 1 - complete * c);
-    let t0 = split * CHUNK;
     let d = 2 * thread_idx();
-
-    if t0 >= total {
-        // An empty split (the whole block agrees): weight 0 in the combine.
-        if thread_idx() < group {
-            let slot = (head0 + thread_idx()) * splits + split;
-            partial_ml[2 * slot] = f32::NEG_INFINITY;
-            partial_ml[2 * slot + 1] = 0.0;
-        }
-        for h in 0..group {
-            let at = ((head0 + h) * splits + split) * head_dim + d;
-            partial_acc[at] = 0.0;
-            partial_acc[at + 1] = 0.0;
-        }
-        return;
-    }
     let len = min(CHUNK, total - t0);
 
     // The queries and the chunk's cache rows (token i ≥ len takes the last token's row).

@@ -13,18 +13,30 @@ use kernel_macros::kernel;
 /// over `partial_acc` [q_heads, splits, head_dim] (each split's unnormalised output) and
 /// `partial_ml` [q_heads, splits, 2] (its max logit m_s and Σ l_s), `gate` [q_heads, head_dim]
 /// the raw gate, `o` [q_heads, head_dim] in bf16. `splits` must be the attention's grid height
-/// (its launch dims' `grid[1]`), which sets the partials' layout. The attention fills its splits
-/// in order, so the non-empty ones (m_s > −∞) are a prefix, `live` of them; split 0 always holds
-/// the current token, so m is finite; of the empty ones only m_s is read, to count them.
+/// (its launch dims' `grid[1]`), which sets the partials' layout, and `chunk` its CHUNK tile (the
+/// tokens a split holds). The attention fills its splits in order, so the non-empty ones are a
+/// prefix, `live` of them; split 0 always holds the current token, so m is finite.
+///
+/// `live` comes from the position: the attention attends to `min((position + 1) / block_tokens,
+/// top)` whole blocks (the count `qsa_top_blocks` writes: the position lies inside the context, so
+/// the cache's capacity never binds) and the tail of the block being filled, so live = ⌈total /
+/// chunk⌉, the attention's own arithmetic, and the splits past it are neither written nor read.
+/// The position is the step's metadata, copied from the host before the step's first kernel, so
+/// it is read (from L2) before the grid dependency wait, and after the wait the live splits'
+/// partials are the only round trip to L2: each way folds its splits into a running (m, Σ, o),
+/// rescaling by e^(m_old − m_new) as the online softmax does, and way 0 rescales the ways' sums to
+/// the largest m. The kernel used to scan every split's m_s first (a warp each: m and the live
+/// count), a dependent round trip of its own while the next kernel's weights streamed; without it,
+/// one NVIDIA H100, 2026-12-06 (BENCHMARKS.md, QSA section): the attention and combine alone at 32k
+/// 15.41 → 13.71 µs, the step 0.7% faster at 32k and unchanged at 1k.
 ///
 /// Grid (q_heads, head_dim / (2·THREADS)): one query head and a slice of 2·THREADS dimensions a
 /// block, so the work spreads over many SMs (96 blocks at 24 heads of 256 and the default tiles).
-/// Each warp first finds its head's m and `live` on its own (lane i takes splits i, i + 32, …,
-/// then warp reductions: a fixed order, the same in every warp, no shared memory or barrier).
-/// Then the block's WAYS groups of THREADS threads share the live splits (way w takes splits w,
-/// w + WAYS, …; thread t of a way holds dimensions 2t and 2t + 1 of the slice and its own copy of
-/// Σ), each with its loop unrolled UNROLL times so that many L2 loads are in flight at once, and
-/// way 0 adds the ways' sums in order through shared memory: two round trips to L2 a block.
+/// The block's WAYS groups of THREADS threads share the live splits (way w takes splits w, w +
+/// WAYS, …; thread t of a way holds dimensions 2t and 2t + 1 of the slice and its own copy of Σ),
+/// each with its loop unrolled UNROLL times so that many L2 loads are in flight at once, and way 0
+/// adds the ways' sums in order through shared memory. Every order is fixed: a launch's bits
+/// repeat.
 #[kernel(
     block = THREADS * WAYS,
     grid = (q_heads, head_dim / (2 * THREADS)),
@@ -37,13 +49,21 @@ pub fn qsa_attention_combine(
     partial_acc: &[f32],
     partial_ml: &[f32],
     gate: &[f32],
+    position: &[u32],
     o: &mut [bf16],
     q_heads: u32,
     head_dim: u32,
     splits: u32,
+    chunk: u32,
+    block_tokens: u32,
+    top: u32,
 ) {
-    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
-    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    // Launched to overlap its predecessor (programmatic dependent launch). Before the wait only
+    // the position, which no kernel writes (the host's copy precedes the step).
+    let pos = load_cg(position, 0);
+    let complete = (pos + 1) / block_tokens;
+    let total = min(complete, top) * block_tokens + (pos + 1 - complete * block_tokens);
+    let live_splits = min((total + chunk - 1) / chunk, splits);
     grid_dependency_wait();
     launch_dependents();
     let head = block_idx();
@@ -55,44 +75,49 @@ pub fn qsa_attention_combine(
     let g = head * head_dim + d;
     let gv = load_vec::<f32x2>(gate, g);
 
-    // The head's m and live splits, each warp on its own, in a fixed order.
-    let mut m = f32::NEG_INFINITY;
-    let mut live = 0.0;
-    for s in (lane_id()..splits).step_by(32) {
-        let ms = partial_ml[2 * (base + s)];
-        m = max(m, ms);
-        if ms != f32::NEG_INFINITY {
-            live += 1.0;
-        }
-    }
-    m = warp_max(m);
-    let live_splits = warp_sum(live) as u32;
-
     // This way's share of the live splits, two dimensions a thread and Σ, in order.
     let mut o0 = 0.0;
     let mut o1 = 0.0;
     let mut sum = 0.0;
+    let mut m = f32::NEG_INFINITY;
+    // A running max: each live split's m_s is finite, so the first rescale is e^(−∞) = 0 times
+    // sums of 0, and never e^(−∞ + ∞).
     #[unroll(UNROLL)]
     for s in (way..live_splits).step_by(WAYS) {
         let ml = load_vec::<f32x2>(partial_ml, 2 * (base + s));
         let a = load_vec::<f32x2>(partial_acc, (base + s) * head_dim + d);
-        let w = exp(ml.x - m);
-        o0 += w * a.x;
-        o1 += w * a.y;
-        sum += w * ml.y;
+        let m_new = max(m, ml.x);
+        let old = exp(m - m_new);
+        let w = exp(ml.x - m_new);
+        o0 = fma(w, a.x, o0 * old);
+        o1 = fma(w, a.y, o1 * old);
+        sum = fma(w, ml.y, sum * old);
+        m = m_new;
     }
     let ways = shared::<f32x4, { THREADS * WAYS }>();
     if WAYS > 1 {
-        ways[thread_idx()] = f32x4(o0, o1, sum, 0.0);
+        ways[thread_idx()] = f32x4(o0, o1, sum, m);
         sync_threads();
     }
     if way == 0 {
+        // Each way's sums are relative to its own max: rescale them to the largest (way 0 holds
+        // split 0, so it is finite; a way with no split weighs e^(−∞) = 0).
+        let mut top_m = m;
+        #[unroll]
+        for w in 1..WAYS {
+            top_m = max(top_m, ways[w * THREADS + t].w);
+        }
+        let own = exp(m - top_m);
+        o0 = o0 * own;
+        o1 = o1 * own;
+        sum = sum * own;
         #[unroll]
         for w in 1..WAYS {
             let other = ways[w * THREADS + t];
-            o0 += other.x;
-            o1 += other.y;
-            sum += other.z;
+            let f = exp(other.w - top_m);
+            o0 = fma(f, other.x, o0);
+            o1 = fma(f, other.y, o1);
+            sum = fma(f, other.z, sum);
         }
         o[g] = (o0 / sum * sigmoid(gv.x)) as bf16;
         o[g + 1] = (o1 / sum * sigmoid(gv.y)) as bf16;
