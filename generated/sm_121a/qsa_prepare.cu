@@ -23,8 +23,8 @@
 // the token that completes its block.
 //
 // One block per vector: the query heads, the key heads, one for the values, the index query
-// heads, and one for the index key. A block stages its vector in shared memory (f32), sums the
-// squares with a block reduction (fixed order), scales, and rotates.
+// heads, and one for the index key. A block stages its vector times (1 + w) in shared memory
+// (f32), sums the squares with a block reduction (fixed order), rotates and scales.
 
 // bf16: the upper half of an f32 (1 sign, 8 exponent, 7 mantissa bits).
 struct __align__(2) bf16 { unsigned short bits; };
@@ -59,6 +59,21 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(t);
 }
 
+// An 8-byte load of data read once, issued before grid_dependency_wait(): coherent (not
+// .nc), so ptxas keeps it before the wait, and volatile, so the compiler does too; no
+// L1 allocation.
+__device__ __forceinline__ uint2 ld_early_u32x2(const void* p) {
+    uint2 r;
+    asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).
+// The built-in is an ordinary load to the compiler: several can be in flight at once.
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
+
 // Programmatic dependent launch: wait until the grids this one overlaps have finished and
 // their writes are visible; let the next grid start (its blocks wait in turn).
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -90,30 +105,49 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
     const unsigned block_tokens,
     const float eps)
 {
-    grid_dependency_wait();
-    launch_dependents();
     __shared__ __align__(16) float buf[256];
     __shared__ __align__(16) float scratch[4];
     const unsigned threads = 128u;
-    const unsigned pos = position[0u];
+    const unsigned pos = ld_cg(position);
     const unsigned b = blockIdx.x;
     const unsigned tid = threadIdx.x;
     const unsigned k_base = q_heads * 2u * head_dim;
     const unsigned v_base = k_base + kv_heads * head_dim;
     const unsigned iq_base = v_base + kv_heads * head_dim;
     const unsigned ik_base = iq_base + index_heads * index_dim;
-    if (b == q_heads + kv_heads) {
+    const bool values = b == q_heads + kv_heads;
+    const unsigned kind = b < q_heads ? 0u : (b < q_heads + kv_heads ? 1u : (b < q_heads + kv_heads + 1u + index_heads ? 2u : 3u));
+    const unsigned head = kind == 0u ? b : (kind == 1u ? b - q_heads : (kind == 2u ? b - q_heads - kv_heads - 1u : 0u));
+    const unsigned len = kind < 2u ? head_dim : index_dim;
+    const unsigned src = kind == 0u ? head * 2u * head_dim : (kind == 1u ? k_base + head * head_dim : (kind == 2u ? iq_base + head * index_dim : ik_base));
+    const unsigned block = pos / block_tokens;
+    const unsigned half = rotary / 2u;
+    const unsigned at = kind == 3u ? block * block_tokens : pos;
+    const uint2 __fill_rot = make_uint2(0u, 0u);
+    uint2 rot[2];
+    #pragma unroll
+    for (int __i = 0; __i < 2; ++__i) rot[__i] = __fill_rot;
+    if (!values) {
+        #pragma unroll
+        for (unsigned e = 0u; e < 2u; ++e) {
+            const unsigned i = tid + e * threads;
+            if (i < rotary) {
+                const unsigned j = i < half ? i : i - half;
+                rot[e] = ld_early_u32x2(rope + (at * half + j) * 2u);
+            }
+        }
+    }
+    grid_dependency_wait();
+    launch_dependents();
+    if (values) {
         for (unsigned __i_i = 0u, __i_n = kv_heads * head_dim > tid ? (kv_heads * head_dim - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
             const unsigned i = tid + __i_i * threads;
             v_cache[pos * kv_heads * head_dim + i] = proj[v_base + i];
         }
         return;
     }
-    const unsigned kind = b < q_heads ? 0u : (b < q_heads + kv_heads ? 1u : (b < q_heads + kv_heads + 1u + index_heads ? 2u : 3u));
-    const unsigned head = kind == 0u ? b : (kind == 1u ? b - q_heads : (kind == 2u ? b - q_heads - kv_heads - 1u : 0u));
-    const unsigned len = kind < 2u ? head_dim : index_dim;
-    const unsigned src = kind == 0u ? head * 2u * head_dim : (kind == 1u ? k_base + head * head_dim : (kind == 2u ? iq_base + head * index_dim : ik_base));
-    const unsigned block = pos / block_tokens;
+    float sum_sq = 0.0f;
+    float gate_v[2] = {};
     if (kind == 3u) {
         for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
             const unsigned i = tid + __i_i * threads;
@@ -122,53 +156,58 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
         if ((pos + 1u) % block_tokens != 0u) {
             return;
         }
-        for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
-            const unsigned i = tid + __i_i * threads;
-            float sum = 0.0f;
-            for (unsigned t = 0u; t < block_tokens; ++t) {
-                sum += index_keys[(block * block_tokens + t) * index_dim + i];
+        #pragma unroll
+        for (unsigned e = 0u; e < 2u; ++e) {
+            const unsigned i_1 = tid + e * threads;
+            if (i_1 < len) {
+                float sum = 0.0f;
+                for (unsigned t = 0u; t < block_tokens; ++t) {
+                    sum += index_keys[(block * block_tokens + t) * index_dim + i_1];
+                }
+                const float x = sum / (float)block_tokens;
+                sum_sq += x * x;
+                buf[i_1] = x * (1.0f + bf16_to_f32(index_k_norm[i_1]));
             }
-            buf[i] = sum / (float)block_tokens;
         }
     } else {
-        for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
-            const unsigned i = tid + __i_i * threads;
-            buf[i] = bf16_to_f32(proj[src + i]);
+        #pragma unroll
+        for (unsigned e = 0u; e < 2u; ++e) {
+            const unsigned i_2 = tid + e * threads;
+            if (i_2 < len) {
+                const float x_1 = bf16_to_f32(proj[src + i_2]);
+                const float w = kind == 0u ? bf16_to_f32(q_norm[i_2]) : (kind == 1u ? bf16_to_f32(k_norm[i_2]) : bf16_to_f32(index_q_norm[i_2]));
+                if (kind == 0u) {
+                    gate_v[e] = bf16_to_f32(proj[src + head_dim + i_2]);
+                }
+                sum_sq += x_1 * x_1;
+                buf[i_2] = x_1 * (1.0f + w);
+            }
         }
-    }
-    float sum_sq = 0.0f;
-    for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = tid + __i_i * threads;
-        sum_sq += buf[i] * buf[i];
     }
     const float total = block_sum(sum_sq, scratch);
     const float scale = rsqrtf(total / (float)len + eps);
-    for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = tid + __i_i * threads;
-        const float w = kind == 0u ? bf16_to_f32(q_norm[i]) : (kind == 1u ? bf16_to_f32(k_norm[i]) : (kind == 2u ? bf16_to_f32(index_q_norm[i]) : bf16_to_f32(index_k_norm[i])));
-        buf[i] = buf[i] * scale * (1.0f + w);
-    }
-    __syncthreads();
-    const unsigned half = rotary / 2u;
-    const unsigned at = kind == 3u ? block * block_tokens : pos;
-    for (unsigned __i_i = 0u, __i_n = len > tid ? (len - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = tid + __i_i * threads;
-        float out = buf[i];
-        if (i < rotary) {
-            const unsigned j = i < half ? i : i - half;
-            const float cos_a = rope[(at * half + j) * 2u];
-            const float sin_a = rope[(at * half + j) * 2u + 1u];
-            out = i < half ? buf[i] * cos_a - buf[i + half] * sin_a : buf[i] * cos_a + buf[i - half] * sin_a;
-        }
-        if (kind == 0u) {
-            q[head * head_dim + i] = out;
-            gate[head * head_dim + i] = bf16_to_f32(proj[src + head_dim + i]);
-        } else if (kind == 1u) {
-            k_cache[(pos * kv_heads + head) * head_dim + i] = f32_to_bf16(out);
-        } else if (kind == 2u) {
-            index_q[head * index_dim + i] = out;
-        } else {
-            block_keys[block * index_dim + i] = out;
+    #pragma unroll
+    for (unsigned e = 0u; e < 2u; ++e) {
+        const unsigned i_3 = tid + e * threads;
+        if (i_3 < len) {
+            float out = buf[i_3];
+            if (i_3 < rotary) {
+                const uint2 cs = rot[e];
+                const float cos_a = __uint_as_float(cs.x);
+                const float sin_a = __uint_as_float(cs.y);
+                out = i_3 < half ? buf[i_3] * cos_a - buf[i_3 + half] * sin_a : buf[i_3] * cos_a + buf[i_3 - half] * sin_a;
+            }
+            out = out * scale;
+            if (kind == 0u) {
+                q[head * head_dim + i_3] = out;
+                gate[head * head_dim + i_3] = gate_v[e];
+            } else if (kind == 1u) {
+                k_cache[(pos * kv_heads + head) * head_dim + i_3] = f32_to_bf16(out);
+            } else if (kind == 2u) {
+                index_q[head * index_dim + i_3] = out;
+            } else {
+                block_keys[block * index_dim + i_3] = out;
+            }
         }
     }
 }

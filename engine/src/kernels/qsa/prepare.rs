@@ -24,8 +24,8 @@ use kernel_macros::kernel;
 /// the token that completes its block.
 ///
 /// One block per vector: the query heads, the key heads, one for the values, the index query
-/// heads, and one for the index key. A block stages its vector in shared memory (f32), sums the
-/// squares with a block reduction (fixed order), scales, and rotates.
+/// heads, and one for the index key. A block stages its vector times (1 + w) in shared memory
+/// (f32), sums the squares with a block reduction (fixed order), rotates and scales.
 #[kernel(
     block = 32 * WARPS,
     grid = q_heads + kv_heads + 1 + index_heads + 1,
@@ -63,27 +63,22 @@ pub fn qsa_prepare(
     block_tokens: u32,
     eps: f32,
 ) {
-    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
-    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
-    grid_dependency_wait();
-    launch_dependents();
+    // Launched to overlap its predecessor (programmatic dependent launch). Before the wait, only
+    // what no kernel writes: the position (the host's copy precedes the step) and, from it, this
+    // thread's cosines and sines of the rotation (`rope`, a table made at load), so that after
+    // the wait the vector and its norm weights are the one round trip to memory before the
+    // stores (the weights and the rotation used to be two more, each after a barrier).
     let buf = shared::<f32, 256>();
     let scratch = shared::<f32, WARPS>();
     let threads = 32 * WARPS;
-    let pos = position[0];
+    let pos = load_cg(position, 0);
     let b = block_idx();
     let tid = thread_idx();
     let k_base = q_heads * 2 * head_dim;
     let v_base = k_base + kv_heads * head_dim;
     let iq_base = v_base + kv_heads * head_dim;
     let ik_base = iq_base + index_heads * index_dim;
-
-    if b == q_heads + kv_heads {
-        for i in (tid..kv_heads * head_dim).step_by(threads) {
-            v_cache[pos * kv_heads * head_dim + i] = proj[v_base + i];
-        }
-        return;
-    }
+    let values = b == q_heads + kv_heads;
     // 0: a query head, 1: a key head, 2: an index query head, 3: the index key.
     let kind = if b < q_heads {
         0
@@ -114,8 +109,36 @@ pub fn qsa_prepare(
         ik_base
     };
     let block = pos / block_tokens;
+    // RoPE: element i < rotary/2 pairs with i + rotary/2; the pooled key rotates at its block's
+    // first token. Thread t holds elements t, t + threads, … (at most 256 / threads of them).
+    let half = rotary / 2;
+    let at = if kind == 3 { block * block_tokens } else { pos };
+    let mut rot = [u32x2(0, 0); (256 + 32 * WARPS - 1) / (32 * WARPS)];
+    if !values {
+        #[unroll]
+        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+            let i = tid + e * threads;
+            if i < rotary {
+                let j = if i < half { i } else { i - half };
+                rot[e] = load_early::<u32x2>(rope, (at * half + j) * 2);
+            }
+        }
+    }
+    grid_dependency_wait();
+    launch_dependents();
 
-    // Each thread stages, scales and (before the rotation) reads only its own elements i.
+    if values {
+        for i in (tid..kv_heads * head_dim).step_by(threads) {
+            v_cache[pos * kv_heads * head_dim + i] = proj[v_base + i];
+        }
+        return;
+    }
+
+    // Each thread stages its own elements: x·(1 + w) in shared memory and Σ x² in a register, so
+    // the norm weights' loads go out beside the vector's. A query head also takes its gate values
+    // now, for the stores at the end.
+    let mut sum_sq = 0.0;
+    let mut gate_v = [0.0; (256 + 32 * WARPS - 1) / (32 * WARPS)];
     if kind == 3 {
         for i in (tid..len).step_by(threads) {
             index_keys[pos * index_dim + i] = proj[src + i] as f32;
@@ -124,59 +147,69 @@ pub fn qsa_prepare(
         if (pos + 1) % block_tokens != 0 {
             return;
         }
-        for i in (tid..len).step_by(threads) {
-            let mut sum = 0.0;
-            for t in 0..block_tokens {
-                sum += index_keys[(block * block_tokens + t) * index_dim + i];
+        #[unroll]
+        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+            let i = tid + e * threads;
+            if i < len {
+                let mut sum = 0.0;
+                for t in 0..block_tokens {
+                    sum += index_keys[(block * block_tokens + t) * index_dim + i];
+                }
+                let x = sum / block_tokens as f32;
+                sum_sq += x * x;
+                buf[i] = x * (1.0 + index_k_norm[i] as f32);
             }
-            buf[i] = sum / block_tokens as f32;
         }
     } else {
-        for i in (tid..len).step_by(threads) {
-            buf[i] = proj[src + i] as f32;
+        #[unroll]
+        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+            let i = tid + e * threads;
+            if i < len {
+                let x = proj[src + i] as f32;
+                let w = if kind == 0 {
+                    q_norm[i] as f32
+                } else if kind == 1 {
+                    k_norm[i] as f32
+                } else {
+                    index_q_norm[i] as f32
+                };
+                if kind == 0 {
+                    gate_v[e] = proj[src + head_dim + i] as f32;
+                }
+                sum_sq += x * x;
+                buf[i] = x * (1.0 + w);
+            }
         }
     }
-    let mut sum_sq = 0.0;
-    for i in (tid..len).step_by(threads) {
-        sum_sq += buf[i] * buf[i];
-    }
+    // The block sum's barriers also publish buf to the whole block.
     let total = block_sum(sum_sq, scratch);
     let scale = rsqrt(total / len as f32 + eps);
-    for i in (tid..len).step_by(threads) {
-        let w = if kind == 0 {
-            q_norm[i] as f32
-        } else if kind == 1 {
-            k_norm[i] as f32
-        } else if kind == 2 {
-            index_q_norm[i] as f32
-        } else {
-            index_k_norm[i] as f32
-        };
-        buf[i] = buf[i] * scale * (1.0 + w);
-    }
-    sync_threads();
 
-    // RoPE: element i < rotary/2 pairs with i + rotary/2.
-    let half = rotary / 2;
-    let at = if kind == 3 { block * block_tokens } else { pos };
-    for i in (tid..len).step_by(threads) {
-        let mut out = buf[i];
-        if i < rotary {
-            let j = if i < half { i } else { i - half };
-            let cos_a = rope[(at * half + j) * 2];
-            let sin_a = rope[(at * half + j) * 2 + 1];
-            out =
-                if i < half { buf[i] * cos_a - buf[i + half] * sin_a } else { buf[i] * cos_a + buf[i - half] * sin_a };
-        }
-        if kind == 0 {
-            q[head * head_dim + i] = out;
-            gate[head * head_dim + i] = proj[src + head_dim + i] as f32;
-        } else if kind == 1 {
-            k_cache[(pos * kv_heads + head) * head_dim + i] = out as bf16;
-        } else if kind == 2 {
-            index_q[head * index_dim + i] = out;
-        } else {
-            block_keys[block * index_dim + i] = out;
+    #[unroll]
+    for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+        let i = tid + e * threads;
+        if i < len {
+            let mut out = buf[i];
+            if i < rotary {
+                let cs = rot[e];
+                let (cos_a, sin_a) = (f32_from_bits(cs.x), f32_from_bits(cs.y));
+                out = if i < half {
+                    buf[i] * cos_a - buf[i + half] * sin_a
+                } else {
+                    buf[i] * cos_a + buf[i - half] * sin_a
+                };
+            }
+            out = out * scale;
+            if kind == 0 {
+                q[head * head_dim + i] = out;
+                gate[head * head_dim + i] = gate_v[e];
+            } else if kind == 1 {
+                k_cache[(pos * kv_heads + head) * head_dim + i] = out as bf16;
+            } else if kind == 2 {
+                index_q[head * index_dim + i] = out;
+            } else {
+                block_keys[block * index_dim + i] = out;
+            }
         }
     }
 }
