@@ -22,6 +22,12 @@
 // product per head in registers (heads ≤ 8, the loop over them unrolled). The partials are
 // summed over the LANES lanes with xor shuffles in a fixed order: deterministic.
 
+// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).
+// The built-in is an ordinary load to the compiler: several can be in flight at once.
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
+
 // Programmatic dependent launch: wait until the grids this one overlaps have finished and
 // their writes are visible; let the next grid start (its blocks wait in turn).
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -41,34 +47,59 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
     const unsigned capacity,
     const unsigned top)
 {
+    const unsigned n = min((ld_cg(position) + 1u) / block_tokens, capacity);
+    const unsigned keys_per_block = 16u;
+    const bool idle = n <= top || blockIdx.x * keys_per_block >= n;
+    if (idle && blockIdx.x != 0u) {
+        return;
+    }
     grid_dependency_wait();
     launch_dependents();
     __shared__ __align__(16) float q[1024];
-    const unsigned n = min((position[0u] + 1u) / block_tokens, capacity);
     if (blockIdx.x == 0u && threadIdx.x == 0u) {
         n_blocks[0u] = n;
     }
-    const unsigned keys_per_block = 16u;
-    if (n <= top || blockIdx.x * keys_per_block >= n) {
+    if (idle) {
         return;
+    }
+    const unsigned key = blockIdx.x * keys_per_block + threadIdx.x / 8u;
+    const unsigned sub = threadIdx.x % 8u;
+    const unsigned row = key < n ? key : 0u;
+    const float4 __fill_kb = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 kb[4];
+    #pragma unroll
+    for (int __i = 0; __i < 4; ++__i) kb[__i] = __fill_kb;
+    unsigned base = sub * 4u;
+    #pragma unroll
+    for (unsigned u = 0u; u < 4u; ++u) {
+        kb[u] = *reinterpret_cast<const float4*>(block_keys + (row * dim + min(base + u * 4u * 8u, dim - 4u)));
     }
     for (unsigned __i_i = 0u, __i_n = heads * dim > threadIdx.x ? (heads * dim - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
         const unsigned i = threadIdx.x + __i_i * 128u;
         q[i] = index_q[i];
     }
     __syncthreads();
-    const unsigned key = blockIdx.x * keys_per_block + threadIdx.x / 8u;
-    const unsigned sub = threadIdx.x % 8u;
-    const unsigned row = key < n ? key : 0u;
     float acc[8] = {};
-    for (unsigned __c_i = 0u, __c_n = dim > sub * 4u ? (dim - sub * 4u - 1u) / 32u + 1u : 0u; __c_i < __c_n; ++__c_i) {
-        const unsigned c = sub * 4u + __c_i * 32u;
-        const float4 k = *reinterpret_cast<const float4*>(block_keys + (row * dim + c));
+    while (base < dim) {
         #pragma unroll
-        for (unsigned j = 0u; j < 8u; ++j) {
-            if (j < heads) {
-                const float4 qv = *reinterpret_cast<float4*>(q + (j * dim + c));
-                acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
+        for (unsigned u = 0u; u < 4u; ++u) {
+            const unsigned c = base + u * 4u * 8u;
+            if (c < dim) {
+                const float4 k = kb[u];
+                #pragma unroll
+                for (unsigned j = 0u; j < 8u; ++j) {
+                    if (j < heads) {
+                        const float4 qv = *reinterpret_cast<float4*>(q + (j * dim + c));
+                        acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
+                    }
+                }
+            }
+        }
+        base += 128u;
+        if (base < dim) {
+            #pragma unroll
+            for (unsigned u = 0u; u < 4u; ++u) {
+                kb[u] = *reinterpret_cast<const float4*>(block_keys + (row * dim + min(base + u * 4u * 8u, dim - 4u)));
             }
         }
     }

@@ -47,39 +47,68 @@ pub fn qsa_block_scores(
     capacity: u32,
     top: u32,
 ) {
-    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
-    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
+    // Launched to overlap its predecessor (programmatic dependent launch). Before the wait only
+    // the position, which no kernel writes (the host's copy precedes the step): the blocks with
+    // nothing to do leave at once, and after the wait the queries are the first round trip.
+    let n = min((load_cg(position, 0) + 1) / block_tokens, capacity);
+    let keys_per_block = WARPS * 32 / LANES;
+    // No score is read while every block is selected; whole blocks past the last complete block
+    // have nothing to do (no barrier follows). Block 0 stays to write n, after the wait.
+    let idle = n <= top || block_idx() * keys_per_block >= n;
+    if idle && block_idx() != 0 {
+        return;
+    }
     grid_dependency_wait();
     launch_dependents();
     let q = shared::<f32, 1024>();
-    let n = min((position[0] + 1) / block_tokens, capacity);
     if block_idx() == 0 && thread_idx() == 0 {
         n_blocks[0] = n;
     }
-    let keys_per_block = WARPS * 32 / LANES;
-    // No score is read while every block is selected; whole blocks past the last complete block
-    // have nothing to do (no barrier follows).
-    if n <= top || block_idx() * keys_per_block >= n {
+    if idle {
         return;
+    }
+    let key = block_idx() * keys_per_block + thread_idx() / LANES;
+    let sub = thread_idx() % LANES;
+    // Lanes of a key past n still shuffle with their group; they read a valid key (block 0's
+    // first) and their result is dropped.
+    let row = if key < n { key } else { 0 };
+    // A lane's key loads in batches of four, each batch issued before any of its products (a
+    // rolled loop, or an unrolled one whose per-head branches split it, waited for each load in
+    // turn: four dependent round trips at the published 128 dimensions and 8 lanes a key), and
+    // the first before the queries are staged, so that both go out together. Past the key's end
+    // a load repeats its last chunk and is not used.
+    let mut kb = [f32x4(0.0, 0.0, 0.0, 0.0); 4];
+    let mut base = sub * 4;
+    #[unroll]
+    for u in 0..4 {
+        kb[u] = load_vec::<f32x4>(block_keys, row * dim + min(base + u * 4 * LANES, dim - 4));
     }
     for i in (thread_idx()..heads * dim).step_by(32 * WARPS) {
         q[i] = index_q[i];
     }
     sync_threads();
 
-    let key = block_idx() * keys_per_block + thread_idx() / LANES;
-    let sub = thread_idx() % LANES;
-    // Lanes of a key past n still shuffle with their group; they read a valid key (block 0's
-    // first) and their result is dropped.
-    let row = if key < n { key } else { 0 };
     let mut acc = [0.0; 8];
-    for c in (sub * 4..dim).step_by(4 * LANES) {
-        let k = load_vec::<f32x4>(block_keys, row * dim + c);
+    while base < dim {
         #[unroll]
-        for j in 0..8 {
-            if j < heads {
-                let qv = load_vec::<f32x4>(q, j * dim + c);
-                acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
+        for u in 0..4 {
+            let c = base + u * 4 * LANES;
+            if c < dim {
+                let k = kb[u];
+                #[unroll]
+                for j in 0..8 {
+                    if j < heads {
+                        let qv = load_vec::<f32x4>(q, j * dim + c);
+                        acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
+                    }
+                }
+            }
+        }
+        base += 16 * LANES;
+        if base < dim {
+            #[unroll]
+            for u in 0..4 {
+                kb[u] = load_vec::<f32x4>(block_keys, row * dim + min(base + u * 4 * LANES, dim - 4));
             }
         }
     }
