@@ -964,6 +964,28 @@ impl QsaLaunches {
 mod tests {
     use super::*;
 
+    /// The combine counts the live splits from the position in the attention's chunks, and reads
+    /// partials laid out by the attention's split count: both must come from the attention's
+    /// tiles and words, whatever CHUNK the tiles hold.
+    #[test]
+    fn the_combine_reads_the_splits_as_the_attention_writes_them() {
+        for chunk in [16, 32] {
+            let attention = qsa_attention::Tiles { chunk, ..TileSet::DEFAULT };
+            let a = Addresses { ctx: [0x1000, 0x2000], ..Addresses::default() };
+            let l = QsaLaunches::build(PUBLISHED, 32_768, attention, &a);
+            let dims = qsa_attention::Kernel::launch_dims(&attention, &l.attention).expect("the attention fits");
+            assert_eq!(l.combine.chunk, chunk);
+            assert_eq!(l.combine.splits, dims.grid[1], "CHUNK {chunk}");
+            assert_eq!(l.combine.position.addr(), 0x2000);
+            assert_eq!(l.attention.position.addr(), 0x2000);
+            assert_eq!((l.combine.block_tokens, l.combine.top), (l.attention.block_tokens, l.attention.top));
+            // The most tokens the attention attends to (the budget's blocks and a tail of
+            // block_tokens − 1) fill every split but, at most, the last.
+            let most = PUBLISHED.top * PUBLISHED.block_tokens + PUBLISHED.block_tokens - 1;
+            assert_eq!(most.div_ceil(chunk as usize), dims.grid[1] as usize, "CHUNK {chunk}");
+        }
+    }
+
     #[test]
     fn long_contexts_take_the_multi_block_top_k() {
         let short = QsaTiles::for_capacity(PUBLISHED, 32_768);
