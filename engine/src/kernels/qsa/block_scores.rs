@@ -29,6 +29,8 @@ use kernel_macros::kernel;
         heads <= 8,
         heads * dim <= 1024,
         dim % (4 * LANES) == 0,
+        // The first batch of a key's loads is issued unconditionally (clamped to its last piece).
+        dim >= 4 * LANES,
         capacity >= 1,
         block_tokens >= 1,
     ),
