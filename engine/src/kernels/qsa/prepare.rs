@@ -66,8 +66,10 @@ pub fn qsa_prepare(
     // Launched to overlap its predecessor (programmatic dependent launch). Before the wait, only
     // what no kernel writes: the position (the host's copy precedes the step) and, from it, this
     // thread's cosines and sines of the rotation (`rope`, a table made at load), so that after
-    // the wait the vector and its norm weights are the one round trip to memory before the
-    // stores (the weights and the rotation used to be two more, each after a barrier).
+    // the wait the only loads are the vector's, its norm weights' and a query head's gate values,
+    // one round trip for each element a thread holds (each element's uses follow its loads: two
+    // at the published head_dim 256 and 4 warps); the weights and the rotation used to add a
+    // round trip each, after a barrier.
     let buf = shared::<f32, 256>();
     let scratch = shared::<f32, WARPS>();
     let threads = 32 * WARPS;
