@@ -140,20 +140,35 @@ impl Summary {
     /// What the letters of [`Summary::order`] stand for.
     pub const LEGEND: &'static str = "G a global load of 8 or 16 bytes, g a narrower one, W the grid dependency wait \
         (griddepcontrol.wait, ACQBULK), P the dependents' launch (PREEXIT), B a barrier, S/L a shared store/load, \
-        h an f16x2 product (HFMA2), m a tensor-core product (HMMA), | a branch, X an exit";
+        h an f16x2 product (HFMA2), m a tensor-core product (HMMA), | a branch, X an exit, \
+        ^ an instruction that waits for the data of a global load before it (its scoreboard)";
 }
 
 /// Reads `cuobjdump -sass` output (one kernel) into a [`Summary`].
+///
+/// Each instruction's second 64-bit word (the line after it) holds its scheduling controls
+/// (bits 105 to 125 of the 128: stall, yield, the scoreboard its result sets, the one its
+/// operands' read sets, and the mask of scoreboards it waits for). A `^` in the order marks an
+/// instruction that waits for a scoreboard a global load set: where a warp stops until a load's
+/// data arrives, so a load after it starts a new round trip (a static map: branches and loops
+/// are in program order, not in the order they run).
 pub fn summarise(sass: &str) -> Summary {
-    let mut instructions = 0;
-    let mut loads: Vec<(String, usize)> = Vec::new();
-    let mut opcodes: Vec<(String, usize)> = Vec::new();
-    let mut after_wait: Option<Vec<(String, usize)>> = None;
-    let mut order = String::new();
+    // (opcode with its modifiers, the second word when the listing has it)
+    let mut listing: Vec<(String, Option<u64>)> = Vec::new();
     for line in sass.lines() {
-        // Instruction lines: `/*0060*/  [@P0] OPCODE operands ;`
+        // Instruction lines: `/*0060*/  [@P0] OPCODE operands ;  /* 0x<first word> */`, then a
+        // line `/* 0x<second word> */`.
         let Some(rest) = line.trim_start().strip_prefix("/*") else { continue };
         let Some((addr, rest)) = rest.split_once("*/") else { continue };
+        if let Some(hex) = addr.trim().strip_prefix("0x") {
+            if let (Some(last), Ok(word)) = (listing.last_mut(), u64::from_str_radix(hex, 16))
+                && last.1.is_none()
+                && rest.trim().is_empty()
+            {
+                last.1 = Some(word);
+            }
+            continue;
+        }
         if !addr.chars().all(|c| c.is_ascii_hexdigit()) {
             continue;
         }
@@ -166,6 +181,20 @@ pub fn summarise(sass: &str) -> Summary {
         if op.is_empty() || op == "NOP" {
             continue;
         }
+        // The second word, if the listing has it, comes on the next line.
+        listing.push((op.to_owned(), None));
+    }
+
+    let mut instructions = 0;
+    let mut loads: Vec<(String, usize)> = Vec::new();
+    let mut opcodes: Vec<(String, usize)> = Vec::new();
+    let mut after_wait: Option<Vec<(String, usize)>> = None;
+    let mut order = String::new();
+    // Scoreboards (0 to 5) a global load's result is counted on and no instruction has waited
+    // for since.
+    let mut load_boards = 0u64;
+    for (op, second) in &listing {
+        let op = op.as_str();
         instructions += 1;
         let base = op.split('.').next().unwrap_or(op);
         count(&mut opcodes, base);
@@ -173,6 +202,17 @@ pub fn summarise(sass: &str) -> Summary {
             count(after, base);
         } else if base == "ACQBULK" {
             after_wait = Some(Vec::new());
+        }
+        if let Some(word) = second {
+            let waits = (word >> 52) & 0x3f;
+            if waits & load_boards != 0 {
+                order.push('^');
+                load_boards &= !waits;
+            }
+            let result_board = (word >> 46) & 7;
+            if base == "LDG" && result_board < 6 {
+                load_boards |= 1 << result_board;
+            }
         }
         let letter = match base {
             "LDG" => {
@@ -239,8 +279,10 @@ mod tests {
         /*0060*/                   LDG.E.NA.64 R4, desc[UR4][R2.64] ;
         /*0070*/              @P0  LDG.E.U8.CONSTANT R6, desc[UR4][R2.64] ;
         /*0080*/                   ACQBULK ;
-        /*0090*/                   LDG.E.NA.64 R8, desc[UR4][R2.64+0x8] ;
-        /*00a0*/                   HFMA2 R0, R4, R8, RZ ;
+        /*0090*/                   LDG.E.NA.64 R8, desc[UR4][R2.64+0x8] ;   /* 0x0000080402087981 */
+                                                                     /* 0x000f40000c1e1b00 */
+        /*00a0*/                   HFMA2 R0, R4, R8, RZ ;   /* 0x0000000804007231 */
+                                                                     /* 0x020fc00000000000 */
         /*00b0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
         /*00c0*/                   EXIT ;
         /*00d0*/                   BRA 0xd0;
@@ -252,7 +294,8 @@ mod tests {
         let s = summarise(SASS);
         assert_eq!(s.instructions, 9);
         assert_eq!(s.loads, vec![("LDG.E.NA.64".to_owned(), 2), ("LDG.E.U8.CONSTANT".to_owned(), 1)]);
-        assert_eq!(s.order, "GgWGhBX|");
+        // The product waits on scoreboard 5, which the load after the wait set.
+        assert_eq!(s.order, "GgWG^hBX|");
         let opcodes: Vec<(&str, usize)> = s.opcodes.iter().map(|(o, n)| (o.as_str(), *n)).collect();
         assert_eq!(
             opcodes,
@@ -265,6 +308,9 @@ mod tests {
             s.after_wait.as_deref().expect("a wait").iter().map(|(o, n)| (o.as_str(), *n)).collect();
         assert_eq!(after, vec![("LDG", 1), ("HFMA2", 1), ("BAR", 1), ("EXIT", 1), ("BRA", 1)]);
         assert!(s.to_string().contains("after the grid dependency wait: 5 instructions: 1 LDG, 1 HFMA2"), "{s}");
+        // A wait on a scoreboard no load set is not a load's.
+        let other = summarise(&SASS.replace("0x000f40000c1e1b00", "0x000e80000c1e1b00"));
+        assert_eq!(other.order, "GgWGhBX|");
         let no_wait = summarise(&SASS.replace("ACQBULK", "NOP"));
         assert_eq!(no_wait.after_wait, None);
         assert!(no_wait.to_string().contains("after the grid dependency wait: no wait"), "{no_wait}");

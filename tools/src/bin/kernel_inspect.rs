@@ -17,7 +17,8 @@ use tools::inspect;
 /// out: registers, spills, shared memory and the cubin's size; the emitted CUDA C (--cuda); the
 /// SASS reduced to its global loads, its most frequent opcodes (a static count: what a loop's
 /// instructions a weight are made of) and a map of the loads' order against the grid dependency
-/// wait, the barriers and the products (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, or
+/// wait, the barriers, the products and the places where a warp waits for a load's data, each
+/// load after such a place a new round trip (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, or
 /// `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` with their bin/ on the PATH). No GPU
 /// is needed. With --out the source, the cubin and the SASS are written to a folder.
 #[derive(Parser, Debug)]
