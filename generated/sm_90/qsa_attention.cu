@@ -107,7 +107,11 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned pos = ld_cg(position);
     const unsigned complete = (pos + 1u) / c;
     const unsigned chosen = min(complete, top) * c;
-    const unsigned total = chosen + (pos + 1u - complete * c);
+    const unsigned pos_1 = pos;
+    const unsigned c_1 = c;
+    const unsigned top_1 = top;
+    const unsigned complete_1 = (pos_1 + 1u) / c_1;
+    const unsigned total = min(complete_1, top_1) * c_1 + (pos_1 + 1u - complete_1 * c_1);
     const unsigned t0 = blockIdx.y * 16u;
     if (t0 >= total) {
         return;

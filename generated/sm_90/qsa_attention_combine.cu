@@ -20,7 +20,8 @@
 // `live` comes from the position: the attention attends to `min((position + 1) / block_tokens,
 // top)` whole blocks (the count `qsa_top_blocks` writes: the position lies inside the context, so
 // the cache's capacity never binds) and the tail of the block being filled, so live = ⌈total /
-// chunk⌉, the attention's own arithmetic, and the splits past it are neither written nor read.
+// chunk⌉, total from the same `attended_tokens` (helpers/qsa.rs) as the attention's split test,
+// and the splits past it are neither written nor read.
 // The position is the step's metadata, copied from the host before the step's first kernel, so
 // it is read (from L2) before the grid dependency wait, and after the wait the live splits'
 // partials are the only round trip to L2: each way folds its splits into a running (m, Σ, o),
@@ -77,8 +78,10 @@ extern "C" __global__ void __launch_bounds__(512) qsa_attention_combine(
     const unsigned top)
 {
     const unsigned pos = ld_cg(position);
-    const unsigned complete = (pos + 1u) / block_tokens;
-    const unsigned total = min(complete, top) * block_tokens + (pos + 1u - complete * block_tokens);
+    const unsigned c = block_tokens;
+    const unsigned top_1 = top;
+    const unsigned complete = (pos + 1u) / c;
+    const unsigned total = min(complete, top_1) * c + (pos + 1u - complete * c);
     const unsigned live_splits = min((total + chunk - 1u) / chunk, splits);
     grid_dependency_wait();
     launch_dependents();

@@ -51,6 +51,7 @@ use kernel_macros::kernel;
 #[kernel(
     block = 32 * WARPS,
     grid = (kv_heads * HEAD_BLOCKS, div_ceil(top * block_tokens + block_tokens, CHUNK)),
+    helpers = "src/kernels/helpers/qsa.rs",
     require(
         head_dim == 64 * WARPS,
         (q_heads / kv_heads) % HEAD_BLOCKS == 0,
@@ -89,7 +90,7 @@ pub fn qsa_attention(
     let pos = load_cg(position, 0);
     let complete = (pos + 1) / c;
     let chosen = min(complete, top) * c;
-    let total = chosen + (pos + 1 - complete * c);
+    let total = attended_tokens(pos, c, top);
     let t0 = block_idx_y() * CHUNK;
     if t0 >= total {
         // An empty split (the whole block agrees): the combine counts the live splits from the

@@ -20,7 +20,8 @@ use kernel_macros::kernel;
 /// `live` comes from the position: the attention attends to `min((position + 1) / block_tokens,
 /// top)` whole blocks (the count `qsa_top_blocks` writes: the position lies inside the context, so
 /// the cache's capacity never binds) and the tail of the block being filled, so live = ⌈total /
-/// chunk⌉, the attention's own arithmetic, and the splits past it are neither written nor read.
+/// chunk⌉, total from the same `attended_tokens` (helpers/qsa.rs) as the attention's split test,
+/// and the splits past it are neither written nor read.
 /// The position is the step's metadata, copied from the host before the step's first kernel, so
 /// it is read (from L2) before the grid dependency wait, and after the wait the live splits'
 /// partials are the only round trip to L2: each way folds its splits into a running (m, Σ, o),
@@ -40,6 +41,7 @@ use kernel_macros::kernel;
 #[kernel(
     block = THREADS * WAYS,
     grid = (q_heads, head_dim / (2 * THREADS)),
+    helpers = "src/kernels/helpers/qsa.rs",
     require(head_dim % (2 * THREADS) == 0, THREADS * WAYS <= 1024, q_heads >= 1, splits >= 1),
 )]
 pub fn qsa_attention_combine(
@@ -60,9 +62,7 @@ pub fn qsa_attention_combine(
 ) {
     // Launched to overlap its predecessor (programmatic dependent launch). Before the wait only
     // the position, which no kernel writes (the host's copy precedes the step).
-    let pos = load_cg(position, 0);
-    let complete = (pos + 1) / block_tokens;
-    let total = min(complete, top) * block_tokens + (pos + 1 - complete * block_tokens);
+    let total = attended_tokens(load_cg(position, 0), block_tokens, top);
     let live_splits = min((total + chunk - 1) / chunk, splits);
     grid_dependency_wait();
     launch_dependents();
