@@ -101,14 +101,17 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     }
     grid_dependency_wait();
     launch_dependents();
-    float stream_value = 0.0f;
-    float norm_scale = 0.0f;
+    bf16 x_raw = f32_to_bf16(0.0f);
+    bf16 y_raw = f32_to_bf16(0.0f);
+    float omega = 0.0f;
+    float stream_scale = 0.0f;
     if (active) {
-        stream_value = bf16_to_f32(residual[row]);
+        x_raw = residual[row];
         if (post) {
-            stream_value = bf16_to_f32(f32_to_bf16(fmaf(gains_prev[s], bf16_to_f32(y[j]), stream_value)));
+            y_raw = y[j];
+            omega = gains_prev[s];
         }
-        norm_scale = ld_cg(scale + s) * norm_w;
+        stream_scale = ld_cg(scale + s);
     }
     const unsigned rows = rank + inject;
     __shared__ __align__(16) float u[320];
@@ -118,15 +121,24 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     const float lift = 1.0f;
     const unsigned ra = threadIdx.x;
     const unsigned rb = threadIdx.x + 320u;
+    float pa[8] = {};
+    float pb[8] = {};
+    #pragma unroll
+    for (unsigned i = 0u; i < 8u; ++i) {
+        if (i < n_1 && ra < rows_1) {
+            pa[i] = ld_cg(partial + (i * rows_1 + ra));
+        }
+        if (i < n_1 && rb < rows_1) {
+            pb[i] = ld_cg(partial + (i * rows_1 + rb));
+        }
+    }
     float va = 0.0f;
     float vb = 0.0f;
-    #pragma unroll 4
-    for (unsigned i = 0u; i < n_1; ++i) {
-        if (ra < rows_1) {
-            va += ld_cg(partial + (i * rows_1 + ra));
-        }
-        if (rb < rows_1) {
-            vb += ld_cg(partial + (i * rows_1 + rb));
+    #pragma unroll
+    for (unsigned i = 0u; i < 8u; ++i) {
+        if (i < n_1) {
+            va += pa[i];
+            vb += pb[i];
         }
     }
     va = va / (float)n_1;
@@ -141,6 +153,16 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     } else if (rb < rows_1 && blockIdx.x == 0u) {
         gains[rb - rank_1] = 2.0f * sigmoid(vb);
     }
+    const bf16 x_raw_1 = x_raw;
+    const bf16 y_raw_1 = y_raw;
+    const float omega_1 = omega;
+    const bool post_1 = post;
+    float value = bf16_to_f32(x_raw_1);
+    if (post_1) {
+        value = bf16_to_f32(f32_to_bf16(fmaf(omega_1, bf16_to_f32(y_raw_1), value)));
+    }
+    const float stream_value = value;
+    const float norm_scale = stream_scale * norm_w;
     __syncthreads();
     float acc = 0.0f;
     #pragma unroll
@@ -174,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     const unsigned s_1 = s;
     const unsigned j_1 = j;
     const unsigned row_1 = row;
-    const bool post_1 = post;
+    const bool post_2 = post;
     float dot = acc_1;
     #pragma unroll
     for (unsigned i = 0u; i < 5u; ++i) {
@@ -195,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
         }
     }
     if (active_1 && lane_1 == 0u) {
-        if (post_1) {
+        if (post_2) {
             residual[row_1] = f32_to_bf16(stream_value_1);
         }
         if (s_1 == 0u) {

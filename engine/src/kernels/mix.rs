@@ -246,21 +246,27 @@ pub fn mix_up_bf16(
     // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
-    // The epilogue's inputs, from L2, in flight with the partials.
-    let mut stream_value = 0.0;
-    let mut norm_scale = 0.0;
+    // The epilogue's inputs, from L2, held raw: used only after the partials' loads are issued,
+    // so that both are one round trip (a use before them would end the round).
+    let mut x_raw = 0.0 as bf16;
+    let mut y_raw = 0.0 as bf16;
+    let mut omega = 0.0;
+    let mut stream_scale = 0.0;
     if active {
-        stream_value = residual[row] as f32;
+        x_raw = residual[row];
         if post {
-            stream_value = (fma(gains_prev[s], y[j] as f32, stream_value) as bf16) as f32;
+            y_raw = y[j];
+            omega = gains_prev[s];
         }
-        norm_scale = load_cg(scale, s) * norm_w;
+        stream_scale = load_cg(scale, s);
     }
     // u (and the gains) from the streams' partials: rows `thread` and `thread + block`, the n
     // partials of both in flight together, added in stream order.
     let rows = rank + inject;
     let u = shared::<f32, { 8 * LANES * CHUNKS }>();
     u_from_partials(u, gains, partial, n, rank, rows, 1.0);
+    let stream_value = epilogue_stream(x_raw, y_raw, omega, post);
+    let norm_scale = stream_scale * norm_w;
     sync_threads();
 
     let mut acc = 0.0;
@@ -520,19 +526,25 @@ pub fn mix_up_nvfp4(
     // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
-    let mut stream_value = 0.0;
-    let mut norm_scale = 0.0;
+    // The epilogue's inputs held raw until the partials' loads are issued, as in the bf16 kernel.
+    let mut x_raw = 0.0 as bf16;
+    let mut y_raw = 0.0 as bf16;
+    let mut omega = 0.0;
+    let mut stream_scale = 0.0;
     if active {
-        stream_value = residual[row] as f32;
+        x_raw = residual[row];
         if post {
-            stream_value = (fma(gains_prev[s], y[j] as f32, stream_value) as bf16) as f32;
+            y_raw = y[j];
+            omega = gains_prev[s];
         }
-        norm_scale = load_cg(scale, s) * norm_w;
+        stream_scale = load_cg(scale, s);
     }
     // u and the gains from the streams' partials, as in the bf16 kernel.
     let rows = rank + inject;
     let u = shared::<f32, { 16 * LANES * CHUNKS }>();
     u_from_partials(u, gains, partial, n, rank, rows, lift);
+    let stream_value = epilogue_stream(x_raw, y_raw, omega, post);
+    let norm_scale = stream_scale * norm_w;
     sync_threads();
 
     let mut acc = 0.0;

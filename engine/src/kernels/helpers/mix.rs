@@ -1,7 +1,8 @@
 //! Device functions of the Gated Residual's mix kernels (`mix`): what the bf16 and NVFP4 forms of
 //! each launch share. A helpers file, not a Rust module: the four kernels name it
 //! (`#[kernel(..., helpers = "src/kernels/helpers/mix.rs")]`) and every call is expanded in
-//! place. They read the calling kernel's WARPS tile (a block of 32·WARPS threads).
+//! place. They read the calling kernel's WARPS tile (a block of 32·WARPS threads) and, in
+//! launch 2, its LANES tile.
 
 /// Launch 1: the stream through the previous block's write, X' = bf16(fma(ω, y, X)) when `post`
 /// (rounded to bf16 as the streams are stored), times `(1 + w)·lift` into `h` (shared), 8
@@ -60,15 +61,27 @@ fn stage_stream(
 fn u_from_partials(u: &mut [f32], gains: &mut [f32], partial: &[f32], n: u32, rank: u32, rows: u32, lift: f32) {
     let ra = thread_idx();
     let rb = thread_idx() + 32 * WARPS;
+    // Every partial of both rows loaded before the first add (n ≤ 32 / LANES: the launches
+    // require n·LANES to divide 32). Added as they came, ptxas interleaved the adds with the
+    // loads and each add's wait split the loads into rounds.
+    let mut pa = [0.0; 32 / LANES];
+    let mut pb = [0.0; 32 / LANES];
+    #[unroll]
+    for i in 0..32 / LANES {
+        if i < n && ra < rows {
+            pa[i] = load_cg(partial, i * rows + ra);
+        }
+        if i < n && rb < rows {
+            pb[i] = load_cg(partial, i * rows + rb);
+        }
+    }
     let mut va = 0.0;
     let mut vb = 0.0;
-    #[unroll(4)]
-    for i in 0..n {
-        if ra < rows {
-            va += load_cg(partial, i * rows + ra);
-        }
-        if rb < rows {
-            vb += load_cg(partial, i * rows + rb);
+    #[unroll]
+    for i in 0..32 / LANES {
+        if i < n {
+            va += pa[i];
+            vb += pb[i];
         }
     }
     va = va / n as f32;
@@ -83,6 +96,18 @@ fn u_from_partials(u: &mut [f32], gains: &mut [f32], partial: &[f32], n: u32, ra
     } else if rb < rows && block_idx() == 0 {
         gains[rb - rank] = 2.0 * sigmoid(vb);
     }
+}
+
+/// Launch 2's stream value: X (bf16), through the previous block's write bf16(fma(ω, y, X)) when
+/// `post`, as f32. Its inputs are loaded raw before launch 2's partials and converted here, after
+/// the partials' loads are issued, so that the epilogue's loads and the partials' share one round
+/// trip to L2.
+fn epilogue_stream(x_raw: bf16, y_raw: bf16, omega: f32, post: bool) -> f32 {
+    let mut value = x_raw as f32;
+    if post {
+        value = (fma(omega, y_raw as f32, value) as bf16) as f32;
+    }
+    value
 }
 
 /// Launch 2's end: the row's dot product `acc` over its LANES lanes (offsets below LANES stay
