@@ -7,8 +7,8 @@ use kernel_macros::kernel;
 /// The kernel overlaps its predecessor (programmatic dependent launch): before
 /// `grid_dependency_wait()` each warp only asks L2 for its row of the router (bf16
 /// [experts, hidden]) or of `shared_gate` (the last row), which do not depend on anything before.
-/// After the wait, phase 1 spreads the experts + 1 logits over the grid, a warp each, and every
-/// thread of the grid stages at most one 16-value chunk of x as the NVFP4 kernels read it: f16
+/// After the wait, phase 1 spreads the experts + 1 logits over the grid, a warp each (BATCH
+/// pieces of the row and of x a lane in flight at once), then every thread of the grid stages at most one 16-value chunk of x as the NVFP4 kernels read it: f16
 /// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
 /// grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
 /// the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
@@ -38,7 +38,7 @@ use kernel_macros::kernel;
 )]
 pub fn moe_router(
     #[tile(default = 4, candidates = [2, 4, 8])] WARPS: u32,
-    #[tile(default = 8, candidates = [4, 8])] UNROLL: u32,
+    #[tile(default = 10, candidates = [5, 10])] BATCH: u32,
     #[tile(default = 16, candidates = [16, 32])] PER_LANE: u32,
     #[tile(default = true, candidates = [false, true])] FILTER: bool,
     router: &[bf16],
@@ -66,7 +66,64 @@ pub fn moe_router(
     grid_dependency_wait();
     launch_dependents();
 
-    // x for the NVFP4 experts, one 16-value chunk a thread of the grid.
+    // The branch stays outside the loops: a load under a branch inside a loop is not hoisted,
+    // and every step would then wait for the one before. A batch's loads (BATCH pieces of the row
+    // and of x, 256 columns apart) are all issued before its first product, so the published
+    // width (2560 = 256 · 10) takes one round trip to memory at the default BATCH; the products
+    // add in column order, as one piece after another.
+    if e < experts {
+        let mut acc = 0.0;
+        for b in (0..hidden).step_by(256 * BATCH) {
+            let mut wbuf = [u32x4(0, 0, 0, 0); BATCH];
+            let mut xbuf = [u32x4(0, 0, 0, 0); BATCH];
+            #[unroll]
+            for t in 0..BATCH {
+                let k = b + (lane_id() + 32 * t) * 8;
+                if k < hidden {
+                    wbuf[t] = load_stream::<u32x4>(router, e * hidden + k);
+                    xbuf[t] = load_vec::<u32x4>(x, k);
+                }
+            }
+            #[unroll]
+            for t in 0..BATCH {
+                if b + (lane_id() + 32 * t) * 8 < hidden {
+                    acc += dot_bf16x8(wbuf[t], xbuf[t]);
+                }
+            }
+        }
+        let logit = warp_sum(acc);
+        if lane_id() == 0 {
+            logits[e] = logit;
+        }
+    } else if e == experts {
+        let mut acc = 0.0;
+        for b in (0..hidden).step_by(256 * BATCH) {
+            let mut wbuf = [u32x4(0, 0, 0, 0); BATCH];
+            let mut xbuf = [u32x4(0, 0, 0, 0); BATCH];
+            #[unroll]
+            for t in 0..BATCH {
+                let k = b + (lane_id() + 32 * t) * 8;
+                if k < hidden {
+                    wbuf[t] = load_vec::<u32x4>(shared_gate, k);
+                    xbuf[t] = load_vec::<u32x4>(x, k);
+                }
+            }
+            #[unroll]
+            for t in 0..BATCH {
+                if b + (lane_id() + 32 * t) * 8 < hidden {
+                    acc += dot_bf16x8(wbuf[t], xbuf[t]);
+                }
+            }
+        }
+        let logit = warp_sum(acc);
+        if lane_id() == 0 {
+            logits[e] = logit;
+        }
+    }
+
+    // x for the NVFP4 experts, one 16-value chunk a thread of the grid: after the logits, whose
+    // loads it would otherwise split into two rounds (its stores may alias them); x is in L1 by
+    // now.
     let chunk = block_idx() * 32 * WARPS + thread_idx();
     if chunk < hidden / 16 {
         let lo = load_vec::<u32x4>(x, chunk * 16);
@@ -94,29 +151,6 @@ pub fn moe_router(
         x_scale[chunk] = m;
     }
 
-    // The branch stays outside the loops: a load under a branch inside a loop is not hoisted,
-    // and every step would then wait for the one before.
-    if e < experts {
-        let mut acc = 0.0;
-        #[unroll(UNROLL)]
-        for k in (lane_id() * 8..hidden).step_by(256) {
-            acc += dot_bf16x8(load_stream::<u32x4>(router, e * hidden + k), load_vec::<u32x4>(x, k));
-        }
-        let logit = warp_sum(acc);
-        if lane_id() == 0 {
-            logits[e] = logit;
-        }
-    } else if e == experts {
-        let mut acc = 0.0;
-        #[unroll(UNROLL)]
-        for k in (lane_id() * 8..hidden).step_by(256) {
-            acc += dot_bf16x8(load_vec::<u32x4>(shared_gate, k), load_vec::<u32x4>(x, k));
-        }
-        let logit = warp_sum(acc);
-        if lane_id() == 0 {
-            logits[e] = logit;
-        }
-    }
     // Publish the logits, then count this block in; the last one goes on. This tail costs the
     // H200 step about 2.4 µs a layer; the route taken in every consumer instead cost more, and a
     // fence by one thread or faster rounds changed nothing (BENCHMARKS.md, step section, session 25).
