@@ -98,6 +98,11 @@ pub fn gdn_delta_rule_normed(
         s3[r] = v.w;
     }
 
+    // The norm weights of this lane's 4 columns, immutable, before the wait too (`load_early`
+    // keeps them there): loaded at the end, next to the stores of y, they were four dependent
+    // round trips (a load after a store that may alias it waits for it).
+    let norm_pair = load_early::<u32x2>(norm_w, j0);
+
     // Overlapped launch: proj, written by the input projection, is read only after the wait.
     grid_dependency_wait();
     if TRIGGER == 0 {
@@ -235,10 +240,11 @@ pub fn gdn_delta_rule_normed(
         let a1 = if sigmoid_gate { sigmoid(z.y) } else { silu(z.y) };
         let a2 = if sigmoid_gate { sigmoid(z.z) } else { silu(z.z) };
         let a3 = if sigmoid_gate { sigmoid(z.w) } else { silu(z.w) };
+        let (w01, w23) = (bf16x2_to_f32x2(norm_pair.x), bf16x2_to_f32x2(norm_pair.y));
         let out = head * dv + j0;
-        y[out] = ((norm_w[j0] as f32) * (o0 * scale) * a0) as bf16;
-        y[out + 1] = ((norm_w[j0 + 1] as f32) * (o1 * scale) * a1) as bf16;
-        y[out + 2] = ((norm_w[j0 + 2] as f32) * (o2 * scale) * a2) as bf16;
-        y[out + 3] = ((norm_w[j0 + 3] as f32) * (o3 * scale) * a3) as bf16;
+        y[out] = (w01.x * (o0 * scale) * a0) as bf16;
+        y[out + 1] = (w01.y * (o1 * scale) * a1) as bf16;
+        y[out + 2] = (w23.x * (o2 * scale) * a2) as bf16;
+        y[out + 3] = (w23.y * (o3 * scale) * a3) as bf16;
     }
 }
