@@ -140,9 +140,27 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
     grid_dependency_wait();
     launch_dependents();
     if (values) {
-        for (unsigned __i_i = 0u, __i_n = kv_heads * head_dim > tid ? (kv_heads * head_dim - tid - 1u) / threads + 1u : 0u; __i_i < __i_n; ++__i_i) {
-            const unsigned i = tid + __i_i * threads;
-            v_cache[pos * kv_heads * head_dim + i] = proj[v_base + i];
+        const unsigned count = kv_heads * head_dim;
+        for (unsigned __i0_i = 0u, __i0_n = count > tid ? (count - tid - 1u) / (4u * threads) + 1u : 0u; __i0_i < __i0_n; ++__i0_i) {
+            const unsigned i0 = tid + __i0_i * (4u * threads);
+            const bf16 __fill_vals = f32_to_bf16(0.0f);
+            bf16 vals[4];
+            #pragma unroll
+            for (int __i = 0; __i < 4; ++__i) vals[__i] = __fill_vals;
+            #pragma unroll
+            for (unsigned t = 0u; t < 4u; ++t) {
+                const unsigned i_1 = i0 + t * threads;
+                if (i_1 < count) {
+                    vals[t] = proj[v_base + i_1];
+                }
+            }
+            #pragma unroll
+            for (unsigned t = 0u; t < 4u; ++t) {
+                const unsigned i_2 = i0 + t * threads;
+                if (i_2 < count) {
+                    v_cache[pos * count + i_2] = vals[t];
+                }
+            }
         }
         return;
     }
@@ -158,29 +176,49 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
         }
         #pragma unroll
         for (unsigned e = 0u; e < 2u; ++e) {
-            const unsigned i_1 = tid + e * threads;
-            if (i_1 < len) {
+            const unsigned i_3 = tid + e * threads;
+            if (i_3 < len) {
                 float sum = 0.0f;
                 for (unsigned t = 0u; t < block_tokens; ++t) {
-                    sum += index_keys[(block * block_tokens + t) * index_dim + i_1];
+                    sum += index_keys[(block * block_tokens + t) * index_dim + i_3];
                 }
                 const float x = sum / (float)block_tokens;
                 sum_sq += x * x;
-                buf[i_1] = x * (1.0f + bf16_to_f32(index_k_norm[i_1]));
+                buf[i_3] = x * (1.0f + bf16_to_f32(index_k_norm[i_3]));
             }
         }
     } else {
+        const bf16 __fill_xs = f32_to_bf16(0.0f);
+        bf16 xs[2];
+        #pragma unroll
+        for (int __i = 0; __i < 2; ++__i) xs[__i] = __fill_xs;
+        const bf16 __fill_ws = f32_to_bf16(0.0f);
+        bf16 ws[2];
+        #pragma unroll
+        for (int __i = 0; __i < 2; ++__i) ws[__i] = __fill_ws;
+        const bf16 __fill_gs = f32_to_bf16(0.0f);
+        bf16 gs[2];
+        #pragma unroll
+        for (int __i = 0; __i < 2; ++__i) gs[__i] = __fill_gs;
         #pragma unroll
         for (unsigned e = 0u; e < 2u; ++e) {
-            const unsigned i_2 = tid + e * threads;
-            if (i_2 < len) {
-                const float x_1 = bf16_to_f32(proj[src + i_2]);
-                const float w = kind == 0u ? bf16_to_f32(q_norm[i_2]) : (kind == 1u ? bf16_to_f32(k_norm[i_2]) : bf16_to_f32(index_q_norm[i_2]));
+            const unsigned i_4 = tid + e * threads;
+            if (i_4 < len) {
+                xs[e] = proj[src + i_4];
+                ws[e] = kind == 0u ? q_norm[i_4] : (kind == 1u ? k_norm[i_4] : index_q_norm[i_4]);
                 if (kind == 0u) {
-                    gate_v[e] = bf16_to_f32(proj[src + head_dim + i_2]);
+                    gs[e] = proj[src + head_dim + i_4];
                 }
+            }
+        }
+        #pragma unroll
+        for (unsigned e = 0u; e < 2u; ++e) {
+            const unsigned i_5 = tid + e * threads;
+            if (i_5 < len) {
+                const float x_1 = bf16_to_f32(xs[e]);
+                gate_v[e] = bf16_to_f32(gs[e]);
                 sum_sq += x_1 * x_1;
-                buf[i_2] = x_1 * (1.0f + w);
+                buf[i_5] = x_1 * (1.0f + bf16_to_f32(ws[e]));
             }
         }
     }
@@ -188,25 +226,25 @@ extern "C" __global__ void __launch_bounds__(128) qsa_prepare(
     const float scale = rsqrtf(total / (float)len + eps);
     #pragma unroll
     for (unsigned e = 0u; e < 2u; ++e) {
-        const unsigned i_3 = tid + e * threads;
-        if (i_3 < len) {
-            float out = buf[i_3];
-            if (i_3 < rotary) {
+        const unsigned i_6 = tid + e * threads;
+        if (i_6 < len) {
+            float out = buf[i_6];
+            if (i_6 < rotary) {
                 const uint2 cs = rot[e];
                 const float cos_a = __uint_as_float(cs.x);
                 const float sin_a = __uint_as_float(cs.y);
-                out = i_3 < half ? buf[i_3] * cos_a - buf[i_3 + half] * sin_a : buf[i_3] * cos_a + buf[i_3 - half] * sin_a;
+                out = i_6 < half ? buf[i_6] * cos_a - buf[i_6 + half] * sin_a : buf[i_6] * cos_a + buf[i_6 - half] * sin_a;
             }
             out = out * scale;
             if (kind == 0u) {
-                q[head * head_dim + i_3] = out;
-                gate[head * head_dim + i_3] = gate_v[e];
+                q[head * head_dim + i_6] = out;
+                gate[head * head_dim + i_6] = gate_v[e];
             } else if (kind == 1u) {
-                k_cache[(pos * kv_heads + head) * head_dim + i_3] = f32_to_bf16(out);
+                k_cache[(pos * kv_heads + head) * head_dim + i_6] = f32_to_bf16(out);
             } else if (kind == 2u) {
-                index_q[head * index_dim + i_3] = out;
+                index_q[head * index_dim + i_6] = out;
             } else {
-                block_keys[block * index_dim + i_3] = out;
+                block_keys[block * index_dim + i_6] = out;
             }
         }
     }

@@ -67,9 +67,9 @@ pub fn qsa_prepare(
     // what no kernel writes: the position (the host's copy precedes the step) and, from it, this
     // thread's cosines and sines of the rotation (`rope`, a table made at load), so that after
     // the wait the only loads are the vector's, its norm weights' and a query head's gate values,
-    // one round trip for each element a thread holds (each element's uses follow its loads: two
-    // at the published head_dim 256 and 4 warps); the weights and the rotation used to add a
-    // round trip each, after a barrier.
+    // all of a thread's elements issued before any is used: one round trip (it was one an element
+    // while each element's uses followed its own loads, and the weights and the rotation each
+    // added one after a barrier before that).
     let buf = shared::<f32, 256>();
     let scratch = shared::<f32, WARPS>();
     let threads = 32 * WARPS;
@@ -130,8 +130,25 @@ pub fn qsa_prepare(
     launch_dependents();
 
     if values {
-        for i in (tid..kv_heads * head_dim).step_by(threads) {
-            v_cache[pos * kv_heads * head_dim + i] = proj[v_base + i];
+        // Four loads a thread before their stores (a store may alias a later load, so a load
+        // after it waits): one round trip for the published 2 heads of 256 at 4 warps.
+        let count = kv_heads * head_dim;
+        for i0 in (tid..count).step_by(4 * threads) {
+            let mut vals = [0.0 as bf16; 4];
+            #[unroll]
+            for t in 0..4 {
+                let i = i0 + t * threads;
+                if i < count {
+                    vals[t] = proj[v_base + i];
+                }
+            }
+            #[unroll]
+            for t in 0..4 {
+                let i = i0 + t * threads;
+                if i < count {
+                    v_cache[pos * count + i] = vals[t];
+                }
+            }
         }
         return;
     }
@@ -163,23 +180,36 @@ pub fn qsa_prepare(
             }
         }
     } else {
+        // Every element's loads first, held raw, then their uses: a use between two elements'
+        // loads would end the round trip there.
+        let mut xs = [0.0 as bf16; (256 + 32 * WARPS - 1) / (32 * WARPS)];
+        let mut ws = [0.0 as bf16; (256 + 32 * WARPS - 1) / (32 * WARPS)];
+        let mut gs = [0.0 as bf16; (256 + 32 * WARPS - 1) / (32 * WARPS)];
         #[unroll]
         for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
             let i = tid + e * threads;
             if i < len {
-                let x = proj[src + i] as f32;
-                let w = if kind == 0 {
-                    q_norm[i] as f32
+                xs[e] = proj[src + i];
+                ws[e] = if kind == 0 {
+                    q_norm[i]
                 } else if kind == 1 {
-                    k_norm[i] as f32
+                    k_norm[i]
                 } else {
-                    index_q_norm[i] as f32
+                    index_q_norm[i]
                 };
                 if kind == 0 {
-                    gate_v[e] = proj[src + head_dim + i] as f32;
+                    gs[e] = proj[src + head_dim + i];
                 }
+            }
+        }
+        #[unroll]
+        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+            let i = tid + e * threads;
+            if i < len {
+                let x = xs[e] as f32;
+                gate_v[e] = gs[e] as f32;
                 sum_sq += x * x;
-                buf[i] = x * (1.0 + w);
+                buf[i] = x * (1.0 + ws[e] as f32);
             }
         }
     }
