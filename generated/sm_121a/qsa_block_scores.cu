@@ -74,20 +74,9 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
     for (unsigned u = 0u; u < 4u; ++u) {
         kb[u] = *reinterpret_cast<const float4*>(block_keys + (row * dim + min(base + u * 4u * 8u, dim - 4u)));
     }
-    const float4 __fill_qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float4 qv[2];
-    #pragma unroll
-    for (int __i = 0; __i < 2; ++__i) qv[__i] = __fill_qv;
-    #pragma unroll
-    for (unsigned e = 0u; e < 2u; ++e) {
-        qv[e] = *reinterpret_cast<const float4*>(index_q + min(4u * (threadIdx.x + e * 32u * 4u), heads * dim - 4u));
-    }
-    #pragma unroll
-    for (unsigned e = 0u; e < 2u; ++e) {
-        const unsigned i = 4u * (threadIdx.x + e * 32u * 4u);
-        if (i < heads * dim) {
-            *reinterpret_cast<float4*>(q + i) = qv[e];
-        }
+    for (unsigned __i_i = 0u, __i_n = heads * dim > threadIdx.x ? (heads * dim - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
+        const unsigned i = threadIdx.x + __i_i * 128u;
+        q[i] = index_q[i];
     }
     __syncthreads();
     float acc[8] = {};
@@ -100,8 +89,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
                 #pragma unroll
                 for (unsigned j = 0u; j < 8u; ++j) {
                     if (j < heads) {
-                        const float4 qv_1 = *reinterpret_cast<float4*>(q + (j * dim + c));
-                        acc[j] += k.x * qv_1.x + k.y * qv_1.y + k.z * qv_1.z + k.w * qv_1.w;
+                        const float4 qv = *reinterpret_cast<float4*>(q + (j * dim + c));
+                        acc[j] += k.x * qv.x + k.y * qv.y + k.z * qv.z + k.w * qv.w;
                     }
                 }
             }

@@ -85,20 +85,8 @@ pub fn qsa_block_scores(
     for u in 0..4 {
         kb[u] = load_vec::<f32x4>(block_keys, row * dim + min(base + u * 4 * LANES, dim - 4));
     }
-    // The queries in 16-byte pieces, every load (unconditional: past the end a piece reloads the
-    // last) before its store: one round trip beside the keys'. Copied a value at a time, each
-    // store waited for its load and the loads went out in rounds.
-    let mut qv = [f32x4(0.0, 0.0, 0.0, 0.0); (256 + 32 * WARPS - 1) / (32 * WARPS)];
-    #[unroll]
-    for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
-        qv[e] = load_vec::<f32x4>(index_q, min(4 * (thread_idx() + e * 32 * WARPS), heads * dim - 4));
-    }
-    #[unroll]
-    for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
-        let i = 4 * (thread_idx() + e * 32 * WARPS);
-        if i < heads * dim {
-            store_vec(q, i, qv[e]);
-        }
+    for i in (thread_idx()..heads * dim).step_by(32 * WARPS) {
+        q[i] = index_q[i];
     }
     sync_threads();
 
