@@ -174,12 +174,14 @@ extern "C" __global__ void __launch_bounds__(128) moe_down_nvfp4(
     #pragma unroll
     for (int __i = 0; __i < 32; ++__i) block_scale[__i] = __fill_block_scale;
     float factor[16] = {};
+    unsigned at[16] = {};
     #pragma unroll
     for (unsigned j = 0u; j < 16u; ++j) {
         const unsigned t = min((threadIdx.x & 31u) + 32u * j, tasks - 1u);
         const unsigned k_1 = min(t / routed_chunks, top_k);
         const unsigned chunk = t - k_1 * routed_chunks;
         const unsigned cols = k_1 < top_k ? inter : shared_inter;
+        at[j] = k_1 * (h_stride / 16u) + chunk;
         factor[j] = (threadIdx.x & 31u) + 32u * j < tasks ? slot_factor[k_1] : 0.0f;
         #pragma unroll
         for (unsigned r = 0u; r < 2u; ++r) {
@@ -190,38 +192,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_down_nvfp4(
     }
     grid_dependency_wait();
     launch_dependents();
-    __shared__ __align__(16) unsigned h_task[2048];
-    __shared__ __align__(16) float h_task_scale[512];
-    const uint4 __fill_staged = make_uint4(0u, 0u, 0u, 0u);
-    uint4 staged[4];
-    #pragma unroll
-    for (int __i = 0; __i < 4; ++__i) staged[__i] = __fill_staged;
-    float staged_scale[4] = {};
-    #pragma unroll
-    for (unsigned i = 0u; i < 4u; ++i) {
-        const unsigned t_1 = threadIdx.x + 128u * i;
-        if (t_1 < tasks) {
-            const unsigned k_2 = min(t_1 / routed_chunks, top_k);
-            const unsigned at = k_2 * (h_stride / 16u) + t_1 - k_2 * routed_chunks;
-            staged_scale[i] = h_scale[at];
-            staged[i] = *reinterpret_cast<const uint4*>(h_staged + ((top_k + 1u) * (h_stride / 8u) + at));
-        }
-    }
-    #pragma unroll
-    for (unsigned i = 0u; i < 4u; ++i) {
-        const unsigned t_2 = threadIdx.x + 128u * i;
-        if (t_2 < tasks) {
-            h_task_scale[t_2] = staged_scale[i];
-            *reinterpret_cast<uint4*>(h_task + 4u * t_2) = staged[i];
-        }
-    }
-    __syncthreads();
     float total[2] = {};
     #pragma unroll
     for (unsigned j = 0u; j < 16u; ++j) {
-        const unsigned t_3 = min((threadIdx.x & 31u) + 32u * j, tasks - 1u);
-        const float hs = h_task_scale[t_3];
-        const uint4 hq = *reinterpret_cast<uint4*>(h_task + 4u * t_3);
+        const float hs = h_scale[at[j]];
+        const uint4 hq = *reinterpret_cast<const uint4*>(h_staged + ((top_k + 1u) * (h_stride / 8u) + at[j]));
         #pragma unroll
         for (unsigned r = 0u; r < 2u; ++r) {
             const float scale = e4m3_to_f32(block_scale[j * 2u + r]) * factor[j];

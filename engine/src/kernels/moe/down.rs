@@ -114,6 +114,7 @@ pub fn moe_down_nvfp4(
     let mut codes = [u32x2(0, 0); BATCH * ROWS];
     let mut block_scale = [scales[0]; BATCH * ROWS];
     let mut factor = [0.0; BATCH];
+    let mut at = [0; BATCH];
     #[unroll]
     for j in 0..BATCH {
         // Past the end a lane repeats the last task with a zero factor: no branch around the
@@ -122,6 +123,7 @@ pub fn moe_down_nvfp4(
         let k = min(t / routed_chunks, top_k);
         let chunk = t - k * routed_chunks;
         let cols = if k < top_k { inter } else { shared_inter };
+        at[j] = k * (h_stride / 16) + chunk;
         factor[j] = if lane_id() + 32 * j < tasks { slot_factor[k] } else { 0.0 };
         #[unroll]
         for r in 0..ROWS {
@@ -134,60 +136,22 @@ pub fn moe_down_nvfp4(
     if TRIGGER == 0 {
         launch_dependents();
     }
-    // h, which gate/up wrote, into shared memory by task (the block's threads take the tasks in
-    // turn, every load before its store): one round trip to L2 a block. Read from global memory
-    // task by task, each lane's 2·BATCH loads could not all be held beside its codes, and ptxas
-    // split them into about eight dependent rounds.
-    let h_task = shared::<u32, { (if I8 { 4 } else { 8 }) * 32 * BATCH }>();
-    let h_task_scale = shared::<f32, { 32 * BATCH }>();
-    let mut staged = [u32x4(0, 0, 0, 0); (if I8 { 1 } else { 2 }) * ((BATCH + WARPS - 1) / WARPS)];
-    let mut staged_scale = [0.0; (BATCH + WARPS - 1) / WARPS];
-    #[unroll]
-    for i in 0..(BATCH + WARPS - 1) / WARPS {
-        let t = thread_idx() + 32 * WARPS * i;
-        if t < tasks {
-            let k = min(t / routed_chunks, top_k);
-            let at = k * (h_stride / 16) + t - k * routed_chunks;
-            staged_scale[i] = h_scale[at];
-            if I8 {
-                // h in int8 after its f16 pairs.
-                staged[i] = load_vec::<u32x4>(h_staged, (top_k + 1) * (h_stride / 8) + at);
-            } else {
-                staged[2 * i] = load_vec::<u32x4>(h_staged, at * 2);
-                staged[2 * i + 1] = load_vec::<u32x4>(h_staged, at * 2 + 1);
-            }
-        }
-    }
-    #[unroll]
-    for i in 0..(BATCH + WARPS - 1) / WARPS {
-        let t = thread_idx() + 32 * WARPS * i;
-        if t < tasks {
-            h_task_scale[t] = staged_scale[i];
-            if I8 {
-                store_vec(h_task, 4 * t, staged[i]);
-            } else {
-                store_vec(h_task, 8 * t, staged[2 * i]);
-                store_vec(h_task, 8 * t + 4, staged[2 * i + 1]);
-            }
-        }
-    }
-    sync_threads();
+
     let mut total = [0.0; ROWS];
     #[unroll]
     for j in 0..BATCH {
-        let t = min(lane_id() + 32 * j, tasks - 1);
-        let hs = h_task_scale[t];
+        let hs = h_scale[at[j]];
         if I8 {
-            // The sums are short by 2·127 (put back below).
-            let hq = load_vec::<u32x4>(h_task, 4 * t);
+            // h in int8 after its f16 pairs; the sums are short by 2·127 (put back below).
+            let hq = load_vec::<u32x4>(h_staged, (top_k + 1) * (h_stride / 8) + at[j]);
             #[unroll]
             for r in 0..ROWS {
                 let scale = (block_scale[j * ROWS + r] as f32) * factor[j];
                 total[r] += (dot_e2m1x16_i8(codes[j * ROWS + r], hq) as f32) * (scale * hs);
             }
         } else {
-            let xa = load_vec::<u32x4>(h_task, 8 * t);
-            let xb = load_vec::<u32x4>(h_task, 8 * t + 4);
+            let xa = load_vec::<u32x4>(h_staged, at[j] * 2);
+            let xb = load_vec::<u32x4>(h_staged, at[j] * 2 + 1);
             #[unroll]
             for r in 0..ROWS {
                 let scale = (block_scale[j * ROWS + r] as f32) * factor[j];
