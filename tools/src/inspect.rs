@@ -74,7 +74,8 @@ fn normalise(text: &str) -> Result<Vec<(String, String)>, String> {
     Ok(pairs)
 }
 
-/// `cuobjdump` from `$CUDA_PATH/bin`, `/usr/local/cuda/bin` or the `PATH`.
+/// `cuobjdump` from `$CUDA_PATH/bin`, `/usr/local/cuda/bin`, the `PATH` or the wheels the test
+/// command installs into the checkout's `.nvrtc-tools/`.
 pub fn find_cuobjdump() -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(p) = std::env::var_os("CUDA_PATH") {
@@ -84,6 +85,7 @@ pub fn find_cuobjdump() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("PATH") {
         dirs.extend(std::env::split_paths(&path));
     }
+    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.nvrtc-tools/nvidia/cu13/bin"));
     dirs.into_iter().map(|d| d.join("cuobjdump")).find(|f| f.is_file())
 }
 
@@ -137,6 +139,29 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The rounds of global loads after the grid dependency wait, from [`Summary::order`]: the
+    /// first load after the wait starts one, and so does each load after a `^` (a warp that
+    /// stopped for a load's data) since the last round began. A static count over the listing in
+    /// program order: a loop's body counts once, and the paths of a branch add up. Loads a warp
+    /// issues together cost about one latency; each further round costs one more (BENCHMARKS.md,
+    /// step section, session 47). None without a wait.
+    pub fn load_rounds_after_wait(&self) -> Option<usize> {
+        let (_, after) = self.order.split_once('W')?;
+        let mut rounds = 0;
+        let mut waited = true;
+        for c in after.chars() {
+            match c {
+                '^' => waited = true,
+                'G' | 'g' if waited => {
+                    rounds += 1;
+                    waited = false;
+                }
+                _ => {}
+            }
+        }
+        Some(rounds)
+    }
+
     /// What the letters of [`Summary::order`] stand for.
     pub const LEGEND: &'static str = "G a global load of 8 or 16 bytes, g a narrower one, W the grid dependency wait \
         (griddepcontrol.wait, ACQBULK), P the dependents' launch (PREEXIT), B a barrier, S/L a shared store/load, \
@@ -263,6 +288,9 @@ impl fmt::Display for Summary {
             }
             None => writeln!(f, "after the grid dependency wait: no wait")?,
         }
+        if let Some(rounds) = self.load_rounds_after_wait() {
+            writeln!(f, "load rounds after the wait: {rounds} (a load after a ^ starts one)")?;
+        }
         writeln!(f, "order: {}", self.order)?;
         write!(f, "  ({})", Self::LEGEND)
     }
@@ -311,9 +339,27 @@ mod tests {
         // A wait on a scoreboard no load set is not a load's.
         let other = summarise(&SASS.replace("0x000f40000c1e1b00", "0x000e80000c1e1b00"));
         assert_eq!(other.order, "GgWGhBX|");
+        assert_eq!(s.load_rounds_after_wait(), Some(1));
+        assert!(s.to_string().contains("load rounds after the wait: 1"), "{s}");
         let no_wait = summarise(&SASS.replace("ACQBULK", "NOP"));
         assert_eq!(no_wait.after_wait, None);
+        assert_eq!(no_wait.load_rounds_after_wait(), None);
         assert!(no_wait.to_string().contains("after the grid dependency wait: no wait"), "{no_wait}");
+    }
+
+    /// Rounds: loads together are one; a load after a wait for a load's data starts another;
+    /// a wait before any load (for the loads before the grid dependency wait) starts none.
+    #[test]
+    fn load_rounds_count_the_loads_that_follow_a_wait_for_a_load() {
+        let rounds = |order: &str| Summary { order: order.to_owned(), ..summarise(SASS) }.load_rounds_after_wait();
+        assert_eq!(rounds("GGWGgGG^^hh"), Some(1));
+        assert_eq!(rounds("GGW^^PGG|G^SG^G"), Some(3));
+        assert_eq!(rounds("W|^X"), Some(0));
+        assert_eq!(rounds("GG^G"), None);
+        // The map of one warp before and after session 47's change to the router: five rounds
+        // of four, then all twenty at once.
+        assert_eq!(rounds("WP|GG^^|h|GGGG^^^^GGGG^^^^GGGG^^^^GGGG^^^^||GG^^|B"), Some(6));
+        assert_eq!(rounds("WP|||hGGGGGGGGGGGGGGGGGGGG|^||h|B"), Some(1));
     }
 
     /// A tile set may name only the tiles it changes: the rest keep their defaults.

@@ -124,3 +124,44 @@ fn sass_maps_the_loads_or_says_how_to_get_cuobjdump() {
         }
     }
 }
+
+/// Session 47 gave four kernels fewer rounds of global loads after their grid dependency wait,
+/// where ptxas had left several one after another (BENCHMARKS.md, step section: the step 1.5%
+/// faster). The static count at the defaults on sm_90 (every path of the listing, so a branch's
+/// paths add up) may not grow back: an edit that splits a batch of loads again fails here. The
+/// counts before the change are beside each bound. Needs cuobjdump and nvdisasm, which the test
+/// command installs (tools/test.sh, into .nvrtc-tools/).
+#[test]
+fn the_kernels_given_one_round_of_loads_after_their_wait_keep_it() {
+    assert!(
+        tools::inspect::find_cuobjdump().is_some(),
+        "no cuobjdump: run the test command (tools/test.sh installs NVIDIA's cuobjdump and nvdisasm wheels into .nvrtc-tools/), or put a CUDA toolkit's bin/ on the PATH"
+    );
+    // (kernel, the most rounds now, the count before session 47)
+    let bounds = [
+        ("moe_router", 5, 13),
+        ("mix_up_bf16", 1, 4),
+        ("gdn_delta_rule_normed", 1, 5),
+        // Mostly the pooled key's path (a loop over the block's tokens, once every few tokens).
+        ("qsa_prepare", 53, 55),
+    ];
+    let mut problems = Vec::new();
+    for (kernel, most, before) in bounds {
+        let o = run(&[kernel, "--arch", "sm_90", "--sass"]);
+        assert!(o.status.success(), "{kernel}: {}", text(&o.stderr));
+        let out = text(&o.stdout);
+        let rounds: usize = out
+            .lines()
+            .find_map(|l| l.strip_prefix("load rounds after the wait: "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{kernel}: no count of load rounds:\n{out}"));
+        if rounds > most {
+            let order = out.lines().find(|l| l.starts_with("order: ")).unwrap_or("");
+            problems.push(format!(
+                "{kernel}: {rounds} load rounds after the wait, at most {most} (it had {before}): {order}"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -18,9 +18,10 @@ use tools::inspect;
 /// SASS reduced to its global loads, its most frequent opcodes (a static count: what a loop's
 /// instructions a weight are made of) and a map of the loads' order against the grid dependency
 /// wait, the barriers, the products and the places where a warp waits for a load's data, each
-/// load after such a place a new round trip (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, or
-/// `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` with their bin/ on the PATH). No GPU
-/// is needed. With --out the source, the cubin and the SASS are written to a folder.
+/// load after such a place a new round trip, with a static count of those rounds after the wait
+/// (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, the wheels the test command
+/// installs into .nvrtc-tools/, or `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` with
+/// their bin/ on the PATH). No GPU is needed. With --out the source, the cubin and the SASS are written to a folder.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about, name = "kernel-inspect")]
 struct Cli {
@@ -104,9 +105,9 @@ fn run(cli: &Cli) -> Result<(), String> {
     }
     if cli.sass {
         let tool = inspect::find_cuobjdump().ok_or(
-            "--sass needs cuobjdump (and nvdisasm): none in $CUDA_PATH/bin, /usr/local/cuda/bin or on the PATH; \
-             a CUDA toolkit has both, or `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` and put their bin/ \
-             on the PATH",
+            "--sass needs cuobjdump (and nvdisasm): none in $CUDA_PATH/bin, /usr/local/cuda/bin, on the PATH or in \
+             .nvrtc-tools/; a CUDA toolkit has both, the test command (tools/test.sh) installs NVIDIA's wheels into \
+             .nvrtc-tools/, or `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` and put their bin/ on the PATH",
         )?;
         let scratch = std::env::temp_dir();
         let sass = inspect::disassemble(&cubin.image, &tool, &scratch)?;
