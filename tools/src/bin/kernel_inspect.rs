@@ -21,7 +21,8 @@ use tools::inspect;
 /// load after such a place a new round trip, with a static count of those rounds after the wait
 /// (--sass, which needs cuobjdump and nvdisasm: a CUDA toolkit, the wheels the test command
 /// installs into .nvrtc-tools/, or `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` with
-/// their bin/ on the PATH). No GPU is needed. With --out the source, the cubin and the SASS are written to a folder.
+/// their bin/ on the PATH). No GPU is needed. With --out the source, the cubin and the SASS are
+/// written to a folder.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about, name = "kernel-inspect")]
 struct Cli {

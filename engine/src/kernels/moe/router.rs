@@ -8,13 +8,14 @@ use kernel_macros::kernel;
 /// `grid_dependency_wait()` each warp only asks L2 for its row of the router (bf16
 /// [experts, hidden]) or of `shared_gate` (the last row), which do not depend on anything before.
 /// After the wait, phase 1 spreads the experts + 1 logits over the grid, a warp each (BATCH
-/// pieces of the row and of x a lane in flight at once), then every thread of the grid stages at most one 16-value chunk of x as the NVFP4 kernels read it: f16
-/// pairs divided by the chunk's max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no
-/// grid-wide maximum is needed. The last block to finish (a counter in `counter[0]`, zero before
-/// the first launch and put back to zero) takes phase 2 in warp 0: the softmax over the experts in
-/// f32 (PER_LANE probabilities a lane, in registers), the top-k (probability descending, the
-/// lower expert first on ties), the routing weights (renormalised to sum to 1 when
-/// `renormalise`), and σ(shared_gate·x) in `weights[top_k]`. Nothing comes back to the host.
+/// pieces of the row and of x a lane in flight at once), then every thread of the grid stages at
+/// most one 16-value chunk of x as the NVFP4 kernels read it: f16 pairs divided by the chunk's
+/// max|x| (`x_staged` [hidden/8], `x_scale` [hidden/16]), so no grid-wide maximum is needed. The
+/// last block to finish (a counter in `counter[0]`, zero before the first launch and put back to
+/// zero) takes phase 2 in warp 0: the softmax over the experts in f32 (PER_LANE probabilities a
+/// lane, in registers), the top-k (probability descending, the lower expert first on ties), the
+/// routing weights (renormalised to sum to 1 when `renormalise`), and σ(shared_gate·x) in
+/// `weights[top_k]`. Nothing comes back to the host.
 ///
 /// The top-k: with FILTER (the default) a threshold that every chosen key must reach, then each
 /// candidate's rank among the candidates (the code says how); otherwise, and for more than 32
