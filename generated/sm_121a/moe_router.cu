@@ -130,8 +130,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
     grid_dependency_wait();
     launch_dependents();
     if (e < experts) {
+        const unsigned at = e * hidden;
+        const unsigned hidden_1 = hidden;
+        const bool stream = true;
         float acc = 0.0f;
-        for (unsigned __b_i = 0u, __b_n = hidden > 0u ? (hidden - 0u - 1u) / 2560u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+        for (unsigned __b_i = 0u, __b_n = hidden_1 > 0u ? (hidden_1 - 0u - 1u) / 2560u + 1u : 0u; __b_i < __b_n; ++__b_i) {
             const unsigned b = 0u + __b_i * 2560u;
             const uint4 __fill_wbuf = make_uint4(0u, 0u, 0u, 0u);
             uint4 wbuf[10];
@@ -144,14 +147,18 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
             #pragma unroll
             for (unsigned t = 0u; t < 10u; ++t) {
                 const unsigned k = b + ((threadIdx.x & 31u) + 32u * t) * 8u;
-                if (k < hidden) {
-                    wbuf[t] = ld_stream_u32x4(router + (e * hidden + k));
+                if (k < hidden_1) {
+                    if (stream) {
+                        wbuf[t] = ld_stream_u32x4(router + (at + k));
+                    } else {
+                        wbuf[t] = *reinterpret_cast<const uint4*>(router + (at + k));
+                    }
                     xbuf[t] = *reinterpret_cast<const uint4*>(x + k);
                 }
             }
             #pragma unroll
             for (unsigned t = 0u; t < 10u; ++t) {
-                if (b + ((threadIdx.x & 31u) + 32u * t) * 8u < hidden) {
+                if (b + ((threadIdx.x & 31u) + 32u * t) * 8u < hidden_1) {
                     acc += dot_bf16x8(wbuf[t], xbuf[t]);
                 }
             }
@@ -161,8 +168,11 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
             logits[e] = logit;
         }
     } else if (e == experts) {
+        const unsigned at_1 = 0u;
+        const unsigned hidden_2 = hidden;
+        const bool stream_1 = false;
         float acc_1 = 0.0f;
-        for (unsigned __b_i = 0u, __b_n = hidden > 0u ? (hidden - 0u - 1u) / 2560u + 1u : 0u; __b_i < __b_n; ++__b_i) {
+        for (unsigned __b_i = 0u, __b_n = hidden_2 > 0u ? (hidden_2 - 0u - 1u) / 2560u + 1u : 0u; __b_i < __b_n; ++__b_i) {
             const unsigned b = 0u + __b_i * 2560u;
             const uint4 __fill_wbuf_1 = make_uint4(0u, 0u, 0u, 0u);
             uint4 wbuf_1[10];
@@ -175,14 +185,18 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
             #pragma unroll
             for (unsigned t = 0u; t < 10u; ++t) {
                 const unsigned k_1 = b + ((threadIdx.x & 31u) + 32u * t) * 8u;
-                if (k_1 < hidden) {
-                    wbuf_1[t] = *reinterpret_cast<const uint4*>(shared_gate + k_1);
+                if (k_1 < hidden_2) {
+                    if (stream_1) {
+                        wbuf_1[t] = ld_stream_u32x4(shared_gate + (at_1 + k_1));
+                    } else {
+                        wbuf_1[t] = *reinterpret_cast<const uint4*>(shared_gate + (at_1 + k_1));
+                    }
                     xbuf_1[t] = *reinterpret_cast<const uint4*>(x + k_1);
                 }
             }
             #pragma unroll
             for (unsigned t = 0u; t < 10u; ++t) {
-                if (b + ((threadIdx.x & 31u) + 32u * t) * 8u < hidden) {
+                if (b + ((threadIdx.x & 31u) + 32u * t) * 8u < hidden_2) {
                     acc_1 += dot_bf16x8(wbuf_1[t], xbuf_1[t]);
                 }
             }
@@ -292,13 +306,13 @@ extern "C" __global__ void __launch_bounds__(128) moe_router(
         }
         const unsigned candidates = __shfl_sync(0xffffffffu, upto, 31u);
         if (candidates <= 32u) {
-            unsigned at = upto - count;
+            unsigned at_2 = upto - count;
             #pragma unroll
             for (unsigned j = 0u; j < 16u; ++j) {
                 if (key[j] >= threshold) {
-                    cand_key[at] = key[j];
-                    cand_id[at] = (threadIdx.x & 31u) + 32u * j;
-                    at += 1u;
+                    cand_key[at_2] = key[j];
+                    cand_id[at_2] = (threadIdx.x & 31u) + 32u * j;
+                    at_2 += 1u;
                 }
             }
             __syncwarp();

@@ -1,7 +1,7 @@
 //! Every kernel of the engine, each described once in the DSL. [`ALL`] lists them for the tools
 //! that walk every kernel: the generated files, the NVRTC compile test, the autotuner.
 //!
-//! `helpers/` holds files of device functions that several kernels expand (`helpers = "..."` in
+//! `helpers/` holds files of device functions that kernels expand (`helpers = "..."` in
 //! their attribute): DSL text, not Rust modules, so they are not declared here.
 
 pub mod e2m1_pairs;

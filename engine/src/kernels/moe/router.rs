@@ -27,6 +27,7 @@ use kernel_macros::kernel;
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(experts + 1, WARPS),
+    helpers = "src/kernels/helpers/router.rs",
     require(
         experts <= 32 * PER_LANE,
         PER_LANE <= 32,
@@ -68,55 +69,14 @@ pub fn moe_router(
     launch_dependents();
 
     // The branch stays outside the loops: a load under a branch inside a loop is not hoisted,
-    // and every step would then wait for the one before. A batch's loads (BATCH pieces of the row
-    // and of x, 256 columns apart) are all issued before its first product, so the published
-    // width (2560 = 256 · 10) takes one round trip to memory at the default BATCH; the products
-    // add in column order, as one piece after another.
+    // and every step would then wait for the one before.
     if e < experts {
-        let mut acc = 0.0;
-        for b in (0..hidden).step_by(256 * BATCH) {
-            let mut wbuf = [u32x4(0, 0, 0, 0); BATCH];
-            let mut xbuf = [u32x4(0, 0, 0, 0); BATCH];
-            #[unroll]
-            for t in 0..BATCH {
-                let k = b + (lane_id() + 32 * t) * 8;
-                if k < hidden {
-                    wbuf[t] = load_stream::<u32x4>(router, e * hidden + k);
-                    xbuf[t] = load_vec::<u32x4>(x, k);
-                }
-            }
-            #[unroll]
-            for t in 0..BATCH {
-                if b + (lane_id() + 32 * t) * 8 < hidden {
-                    acc += dot_bf16x8(wbuf[t], xbuf[t]);
-                }
-            }
-        }
-        let logit = warp_sum(acc);
+        let logit = row_dot(router, e * hidden, x, hidden, true);
         if lane_id() == 0 {
             logits[e] = logit;
         }
     } else if e == experts {
-        let mut acc = 0.0;
-        for b in (0..hidden).step_by(256 * BATCH) {
-            let mut wbuf = [u32x4(0, 0, 0, 0); BATCH];
-            let mut xbuf = [u32x4(0, 0, 0, 0); BATCH];
-            #[unroll]
-            for t in 0..BATCH {
-                let k = b + (lane_id() + 32 * t) * 8;
-                if k < hidden {
-                    wbuf[t] = load_vec::<u32x4>(shared_gate, k);
-                    xbuf[t] = load_vec::<u32x4>(x, k);
-                }
-            }
-            #[unroll]
-            for t in 0..BATCH {
-                if b + (lane_id() + 32 * t) * 8 < hidden {
-                    acc += dot_bf16x8(wbuf[t], xbuf[t]);
-                }
-            }
-        }
-        let logit = warp_sum(acc);
+        let logit = row_dot(shared_gate, 0, x, hidden, false);
         if lane_id() == 0 {
             logits[e] = logit;
         }
