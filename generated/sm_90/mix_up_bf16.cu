@@ -101,6 +101,20 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     }
     grid_dependency_wait();
     launch_dependents();
+    const unsigned rows = rank + inject;
+    float pa[8] = {};
+    float pb[8] = {};
+    const unsigned n_1 = n;
+    const unsigned rows_1 = rows;
+    const unsigned ra = min(threadIdx.x, rows_1 - 1u);
+    const unsigned rb = min(threadIdx.x + 320u, rows_1 - 1u);
+    #pragma unroll
+    for (unsigned i = 0u; i < 8u; ++i) {
+        if (i < n_1) {
+            pa[i] = ld_cg(partial + (i * rows_1 + ra));
+            pb[i] = ld_cg(partial + (i * rows_1 + rb));
+        }
+    }
     bf16 x_raw = f32_to_bf16(0.0f);
     bf16 y_raw = f32_to_bf16(0.0f);
     float omega = 0.0f;
@@ -113,45 +127,33 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
         }
         stream_scale = ld_cg(scale + s);
     }
-    const unsigned rows = rank + inject;
     __shared__ __align__(16) float u[320];
-    const unsigned n_1 = n;
+    const unsigned n_2 = n;
     const unsigned rank_1 = rank;
-    const unsigned rows_1 = rows;
+    const unsigned rows_2 = rows;
     const float lift = 1.0f;
-    const unsigned ra = threadIdx.x;
-    const unsigned rb = threadIdx.x + 320u;
-    float pa[8] = {};
-    float pb[8] = {};
-    #pragma unroll
-    for (unsigned i = 0u; i < 8u; ++i) {
-        if (i < n_1 && ra < rows_1) {
-            pa[i] = ld_cg(partial + (i * rows_1 + ra));
-        }
-        if (i < n_1 && rb < rows_1) {
-            pb[i] = ld_cg(partial + (i * rows_1 + rb));
-        }
-    }
+    const unsigned ra_1 = threadIdx.x;
+    const unsigned rb_1 = threadIdx.x + 320u;
     float va = 0.0f;
     float vb = 0.0f;
     #pragma unroll
     for (unsigned i = 0u; i < 8u; ++i) {
-        if (i < n_1) {
+        if (i < n_2) {
             va += pa[i];
             vb += pb[i];
         }
     }
-    va = va / (float)n_1;
-    vb = vb / (float)n_1;
-    if (ra < rank_1) {
-        u[ra] = silu(va) * lift;
-    } else if (ra < rows_1 && blockIdx.x == 0u) {
-        gains[ra - rank_1] = 2.0f * sigmoid(va);
+    va = va / (float)n_2;
+    vb = vb / (float)n_2;
+    if (ra_1 < rank_1) {
+        u[ra_1] = silu(va) * lift;
+    } else if (ra_1 < rows_2 && blockIdx.x == 0u) {
+        gains[ra_1 - rank_1] = 2.0f * sigmoid(va);
     }
-    if (rb < rank_1) {
-        u[rb] = silu(vb) * lift;
-    } else if (rb < rows_1 && blockIdx.x == 0u) {
-        gains[rb - rank_1] = 2.0f * sigmoid(vb);
+    if (rb_1 < rank_1) {
+        u[rb_1] = silu(vb) * lift;
+    } else if (rb_1 < rows_2 && blockIdx.x == 0u) {
+        gains[rb_1 - rank_1] = 2.0f * sigmoid(vb);
     }
     const bf16 x_raw_1 = x_raw;
     const bf16 y_raw_1 = y_raw;
@@ -192,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     const float norm_scale_1 = norm_scale;
     const bool active_1 = active;
     const unsigned lane_1 = lane;
-    const unsigned n_2 = n;
+    const unsigned n_3 = n;
     const unsigned s_1 = s;
     const unsigned j_1 = j;
     const unsigned row_1 = row;
@@ -212,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
     #pragma unroll
     for (unsigned i = 0u; i < 5u; ++i) {
         const unsigned offset_1 = 16u >> i;
-        if (offset_1 >= 4u && offset_1 < n_2 * 4u) {
+        if (offset_1 >= 4u && offset_1 < n_3 * 4u) {
             term += __shfl_xor_sync(0xffffffffu, term, offset_1);
         }
     }
@@ -221,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(320) mix_up_bf16(
             residual[row_1] = f32_to_bf16(stream_value_1);
         }
         if (s_1 == 0u) {
-            x[j_1] = f32_to_bf16(term / (float)n_2);
+            x[j_1] = f32_to_bf16(term / (float)n_3);
         }
     }
 }

@@ -141,6 +141,8 @@ fn the_kernels_given_one_round_of_loads_after_their_wait_keep_it() {
     let bounds = [
         ("moe_router", 5, 13),
         ("mix_up_bf16", 1, 4),
+        // 7 in session 47 (its partials' loads interleaved with their adds), 1 in session 48.
+        ("mix_up_nvfp4", 1, 5),
         ("gdn_delta_rule_normed", 1, 5),
         // Mostly the pooled key's path (a loop over the block's tokens, once every few tokens).
         ("qsa_prepare", 53, 55),

@@ -246,8 +246,13 @@ pub fn mix_up_bf16(
     // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
-    // The epilogue's inputs, from L2, held raw: used only after the partials' loads are issued,
-    // so that both are one round trip (a use before them would end the round).
+    // The streams' partials of rows `thread` and `thread + block`, then the epilogue's inputs,
+    // from L2, held raw: nothing is used before every load is issued, so that they are one round
+    // trip (a use before them would end the round).
+    let rows = rank + inject;
+    let mut pa = [0.0; 32 / LANES];
+    let mut pb = [0.0; 32 / LANES];
+    load_partials(pa, pb, partial, n, rows);
     let mut x_raw = 0.0 as bf16;
     let mut y_raw = 0.0 as bf16;
     let mut omega = 0.0;
@@ -260,11 +265,9 @@ pub fn mix_up_bf16(
         }
         stream_scale = load_cg(scale, s);
     }
-    // u (and the gains) from the streams' partials: rows `thread` and `thread + block`, the n
-    // partials of both in flight together, added in stream order.
-    let rows = rank + inject;
+    // u (and the gains) from the streams' partials, added in stream order.
     let u = shared::<f32, { 8 * LANES * CHUNKS }>();
-    u_from_partials(u, gains, partial, n, rank, rows, 1.0);
+    u_from_partials(u, gains, pa, pb, n, rank, rows, 1.0);
     let stream_value = epilogue_stream(x_raw, y_raw, omega, post);
     let norm_scale = stream_scale * norm_w;
     sync_threads();
@@ -526,7 +529,11 @@ pub fn mix_up_nvfp4(
     // Only now may the next kernel launch (the module docs say why not earlier).
     launch_dependents();
 
-    // The epilogue's inputs held raw until the partials' loads are issued, as in the bf16 kernel.
+    // The partials, then the epilogue's inputs held raw, as in the bf16 kernel.
+    let rows = rank + inject;
+    let mut pa = [0.0; 32 / LANES];
+    let mut pb = [0.0; 32 / LANES];
+    load_partials(pa, pb, partial, n, rows);
     let mut x_raw = 0.0 as bf16;
     let mut y_raw = 0.0 as bf16;
     let mut omega = 0.0;
@@ -540,9 +547,8 @@ pub fn mix_up_nvfp4(
         stream_scale = load_cg(scale, s);
     }
     // u and the gains from the streams' partials, as in the bf16 kernel.
-    let rows = rank + inject;
     let u = shared::<f32, { 16 * LANES * CHUNKS }>();
-    u_from_partials(u, gains, partial, n, rank, rows, lift);
+    u_from_partials(u, gains, pa, pb, n, rank, rows, lift);
     let stream_value = epilogue_stream(x_raw, y_raw, omega, post);
     let norm_scale = stream_scale * norm_w;
     sync_threads();

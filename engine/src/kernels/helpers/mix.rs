@@ -53,28 +53,29 @@ fn stage_stream(
     sq
 }
 
-/// Launch 2: u = SiLU(Σ_s partial[s] / n)·lift into `u` (shared) and, block 0 only, the write
-/// gains 2σ(Σ_s partial[s] / n) of the W_inj rows, from launch 1's partials: rows `thread` and
-/// `thread + block`, the n partials of both in flight together, added in stream order. `lift` is
-/// 1 for bf16 weights and the raw E2M1 decode's lift for NVFP4 ones. The caller's barrier
-/// follows.
-fn u_from_partials(u: &mut [f32], gains: &mut [f32], partial: &[f32], n: u32, rank: u32, rows: u32, lift: f32) {
-    let ra = thread_idx();
-    let rb = thread_idx() + 32 * WARPS;
-    // Every partial of both rows loaded before the first add (n ≤ 32 / LANES: the launches
-    // require n·LANES to divide 32). Added as they came, ptxas interleaved the adds with the
-    // loads and each add's wait split the loads into rounds.
-    let mut pa = [0.0; 32 / LANES];
-    let mut pb = [0.0; 32 / LANES];
+/// Launch 2: the n partials of rows `thread` and `thread + block` into `pa` and `pb`, every one
+/// issued before any is used (n ≤ 32 / LANES: the launches require n·LANES to divide 32). A row
+/// past `rows` loads row `rows - 1` instead, never used: unconditional loads are issued together,
+/// where ptxas interleaved guarded ones with their adds and each add's wait began a new round.
+fn load_partials(pa: &mut [f32], pb: &mut [f32], partial: &[f32], n: u32, rows: u32) {
+    let ra = min(thread_idx(), rows - 1);
+    let rb = min(thread_idx() + 32 * WARPS, rows - 1);
     #[unroll]
     for i in 0..32 / LANES {
-        if i < n && ra < rows {
+        if i < n {
             pa[i] = load_cg(partial, i * rows + ra);
-        }
-        if i < n && rb < rows {
             pb[i] = load_cg(partial, i * rows + rb);
         }
     }
+}
+
+/// Launch 2: u = SiLU(Σ_s partial[s] / n)·lift into `u` (shared) and, block 0 only, the write
+/// gains 2σ(Σ_s partial[s] / n) of the W_inj rows, from the partials `load_partials` put in `pa`
+/// and `pb`, added in stream order. `lift` is 1 for bf16 weights and the raw E2M1 decode's lift
+/// for NVFP4 ones. The caller's barrier follows.
+fn u_from_partials(u: &mut [f32], gains: &mut [f32], pa: &[f32], pb: &[f32], n: u32, rank: u32, rows: u32, lift: f32) {
+    let ra = thread_idx();
+    let rb = thread_idx() + 32 * WARPS;
     let mut va = 0.0;
     let mut vb = 0.0;
     #[unroll]
