@@ -74,9 +74,17 @@ extern "C" __global__ void __launch_bounds__(128) qsa_block_scores(
     for (unsigned u = 0u; u < 4u; ++u) {
         kb[u] = *reinterpret_cast<const float4*>(block_keys + (row * dim + min(base + u * 4u * 8u, dim - 4u)));
     }
-    for (unsigned __i_i = 0u, __i_n = heads * dim > threadIdx.x ? (heads * dim - threadIdx.x - 1u) / 128u + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = threadIdx.x + __i_i * 128u;
-        q[i] = index_q[i];
+    float staged[8] = {};
+    #pragma unroll
+    for (unsigned t = 0u; t < 8u; ++t) {
+        staged[t] = index_q[min(threadIdx.x + t * 32u * 4u, heads * dim - 1u)];
+    }
+    #pragma unroll
+    for (unsigned t = 0u; t < 8u; ++t) {
+        const unsigned i = threadIdx.x + t * 32u * 4u;
+        if (i < heads * dim) {
+            q[i] = staged[t];
+        }
     }
     __syncthreads();
     float acc[8] = {};

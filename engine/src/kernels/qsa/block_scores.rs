@@ -85,8 +85,20 @@ pub fn qsa_block_scores(
     for u in 0..4 {
         kb[u] = load_vec::<f32x4>(block_keys, row * dim + min(base + u * 4 * LANES, dim - 4));
     }
-    for i in (thread_idx()..heads * dim).step_by(32 * WARPS) {
-        q[i] = index_q[i];
+    // The queries, every load issued before the first store: unconditional (a thread past the
+    // end reloads the last value and does not store it), so one round trip, where the loop over
+    // i < heads·dim waited for each load (or each three) before its store.
+    let mut staged = [0.0; 1024 / (32 * WARPS)];
+    #[unroll]
+    for t in 0..1024 / (32 * WARPS) {
+        staged[t] = index_q[min(thread_idx() + t * 32 * WARPS, heads * dim - 1)];
+    }
+    #[unroll]
+    for t in 0..1024 / (32 * WARPS) {
+        let i = thread_idx() + t * 32 * WARPS;
+        if i < heads * dim {
+            q[i] = staged[t];
+        }
     }
     sync_threads();
 
