@@ -53,7 +53,8 @@
 //! parameters and the kernel's tiles only, and has no early `return`.
 //!
 //! The body is a Rust subset: `let` and `let mut` (scalars, vectors, `[v; N]` local arrays,
-//! `shared::<T, N>()` shared arrays), assignment and compound assignment, `if`/`else` (also as a
+//! `shared::<T, N>()` shared arrays), `const NAME: T = value;` (a scalar of tiles and literals,
+//! put in place of each use, so it may size an array or bound an unrolled loop), assignment and compound assignment, `if`/`else` (also as a
 //! value), `for` over `a..b` or `(a..b).step_by(s)` with `#[unroll]` or `#[unroll(n)]`, `while`,
 //! `loop`, `break`, `continue`, `return`, arithmetic, comparisons, `as` casts, indexing, vector
 //! lanes (`v.x`) and the intrinsics of `kernel_dsl::intrinsic`. `raw_cuda::<T>("...{0}...", args)`

@@ -38,6 +38,7 @@ pub(crate) fn lower(
         helpers,
         expanding: Vec::new(),
         stand_ins: 0,
+        constants: Vec::new(),
     };
     for t in tiles {
         let name = t.name.to_string();
@@ -61,8 +62,13 @@ pub(crate) fn lower(
 enum Kind {
     Tile,
     Param,
-    Local { mutable: bool },
+    Local {
+        mutable: bool,
+    },
     LoopVar,
+    /// A `const` of the body: its value (tiles and literals) is `Lower::constants[i]`, put in
+    /// place of each use, so that it may size an array as the expression written out would.
+    Const(usize),
 }
 
 #[derive(Clone)]
@@ -82,6 +88,8 @@ struct Lower<'h> {
     expanding: Vec<String>,
     /// Stand-ins made for the arguments of helpers inside expressions, for unique names.
     stand_ins: usize,
+    /// The values of the body's `const` items, by `Kind::Const` index.
+    constants: Vec<Expr>,
 }
 
 fn err<T>(tokens: impl ToTokens, msg: impl std::fmt::Display) -> syn::Result<T> {
@@ -146,7 +154,8 @@ impl<'h> Lower<'h> {
                 }
                 self.expr_stmt(e, out)
             }
-            syn::Stmt::Item(i) => err(i, "items (fn, struct, use, const) are not allowed in a kernel body"),
+            syn::Stmt::Item(syn::Item::Const(c)) => self.constant(c),
+            syn::Stmt::Item(i) => err(i, "items (fn, struct, use) are not allowed in a kernel body; `const` is"),
             syn::Stmt::Macro(m) => {
                 err(m, "macros are not available in a kernel body; `raw_cuda::<T>(..)` is the escape hatch")
             }
@@ -276,6 +285,45 @@ impl<'h> Lower<'h> {
         }
         out.push(Stmt::Let { name: c_name.clone(), ty, mutable, init: value });
         self.bind(&rust_name, Binding { c_name, ty, kind: Kind::Local { mutable } });
+        Ok(())
+    }
+
+    /// `const NAME: T = value;`: a scalar of tiles and literals, named once for the places that
+    /// would repeat it (an array's length and the loop over it). Nothing is emitted for it.
+    fn constant(&mut self, c: &syn::ItemConst) -> syn::Result<()> {
+        if let Some(a) = c.attrs.iter().find(|a| !a.path().is_ident("doc")) {
+            return err(a, "a `const` in a kernel body takes no attributes (a doc comment is fine)");
+        }
+        if !matches!(c.vis, syn::Visibility::Inherited) || !c.generics.params.is_empty() {
+            return err(c, "a `const` in a kernel body is `const NAME: T = value;`");
+        }
+        let ty = elem(&c.ty)?.as_type();
+        if !matches!(ty, Type::Scalar(_)) {
+            return err(&c.ty, format!("a `const` in a kernel body is a scalar, not {ty}"));
+        }
+        let mut value = self.expr(&c.expr)?;
+        coerce(&mut value, ty, &c.expr)?;
+        let mut other = None;
+        value.visit(&mut |x| match &x.kind {
+            ExprKind::Lit(_)
+            | ExprKind::Tile(_)
+            | ExprKind::Unary(..)
+            | ExprKind::Binary(..)
+            | ExprKind::Cast(_)
+            | ExprKind::Select(..) => {}
+            ExprKind::Var(n) => {
+                other.get_or_insert_with(|| format!("`{n}` is a variable"));
+            }
+            _ => {
+                other.get_or_insert_with(|| "it holds a load or a call".to_owned());
+            }
+        });
+        if let Some(why) = other {
+            return err(&c.expr, format!("a `const` is made of literals and tiles; {why}"));
+        }
+        self.constants.push(value);
+        let index = self.constants.len() - 1;
+        self.bind(&c.ident.to_string(), Binding { c_name: String::new(), ty, kind: Kind::Const(index) });
         Ok(())
     }
 
@@ -535,6 +583,7 @@ impl<'h> Lower<'h> {
                     }
                     Some(Kind::LoopVar) => err(e, format!("cannot assign to the loop variable `{id}`")),
                     Some(Kind::Tile) => err(e, format!("`{id}` is a tile parameter, a compile-time constant")),
+                    Some(Kind::Const(_)) => err(e, format!("`{id}` is a `const`")),
                     Some(Kind::Param) => {
                         err(e, format!("cannot assign to the parameter `{id}`; copy it into a `let mut`"))
                     }
@@ -692,6 +741,7 @@ impl<'h> Lower<'h> {
             let name = id.to_string();
             return match self.lookup(&name) {
                 Some(b) if b.kind == Kind::Tile => Ok(Expr::new(ExprKind::Tile(b.c_name.clone()), b.ty)),
+                Some(Binding { kind: Kind::Const(i), .. }) => Ok(self.constants[*i].clone()),
                 Some(b) => Ok(Expr::var(&b.c_name, b.ty)),
                 None => err(id, format!("cannot find `{name}` in this kernel")),
             };

@@ -88,13 +88,15 @@ pub fn qsa_block_scores(
     // The queries, every load issued before the first store: unconditional (a thread past the
     // end reloads the last value and does not store it), so one round trip, where the loop over
     // i < heads·dim waited for each load (or each three) before its store.
-    let mut staged = [0.0; 1024 / (32 * WARPS)];
+    /// The query values a thread copies: heads·dim ≤ 1024 over the block.
+    const PER_THREAD: u32 = 1024 / (32 * WARPS);
+    let mut staged = [0.0; PER_THREAD];
     #[unroll]
-    for t in 0..1024 / (32 * WARPS) {
+    for t in 0..PER_THREAD {
         staged[t] = index_q[min(thread_idx() + t * 32 * WARPS, heads * dim - 1)];
     }
     #[unroll]
-    for t in 0..1024 / (32 * WARPS) {
+    for t in 0..PER_THREAD {
         let i = thread_idx() + t * 32 * WARPS;
         if i < heads * dim {
             q[i] = staged[t];

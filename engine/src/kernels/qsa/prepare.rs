@@ -73,6 +73,8 @@ pub fn qsa_prepare(
     let buf = shared::<f32, 256>();
     let scratch = shared::<f32, WARPS>();
     let threads = 32 * WARPS;
+    /// The elements a thread holds: at most 256 (the longest head) over the block, rounded up.
+    const PER_THREAD: u32 = (256 + 32 * WARPS - 1) / (32 * WARPS);
     let pos = load_cg(position, 0);
     let b = block_idx();
     let tid = thread_idx();
@@ -112,13 +114,13 @@ pub fn qsa_prepare(
     };
     let block = pos / block_tokens;
     // RoPE: element i < rotary/2 pairs with i + rotary/2; the pooled key rotates at its block's
-    // first token. Thread t holds elements t, t + threads, … (at most 256 / threads of them).
+    // first token. Thread t holds elements t, t + threads, … (PER_THREAD of them at most).
     let half = rotary / 2;
     let at = if kind == 3 { block * block_tokens } else { pos };
-    let mut rot = [u32x2(0, 0); (256 + 32 * WARPS - 1) / (32 * WARPS)];
+    let mut rot = [u32x2(0, 0); PER_THREAD];
     if !values {
         #[unroll]
-        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+        for e in 0..PER_THREAD {
             let i = tid + e * threads;
             if i < rotary {
                 let j = if i < half { i } else { i - half };
@@ -157,7 +159,7 @@ pub fn qsa_prepare(
     // the norm weights' loads go out beside the vector's. A query head also takes its gate values
     // now, for the stores at the end.
     let mut sum_sq = 0.0;
-    let mut gate_v = [0.0; (256 + 32 * WARPS - 1) / (32 * WARPS)];
+    let mut gate_v = [0.0; PER_THREAD];
     if kind == 3 {
         for i in (tid..len).step_by(threads) {
             index_keys[pos * index_dim + i] = proj[src + i] as f32;
@@ -167,7 +169,7 @@ pub fn qsa_prepare(
             return;
         }
         #[unroll]
-        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+        for e in 0..PER_THREAD {
             let i = tid + e * threads;
             if i < len {
                 let mut sum = 0.0;
@@ -182,11 +184,11 @@ pub fn qsa_prepare(
     } else {
         // Every element's loads first, held raw, then their uses: a use between two elements'
         // loads would end the round trip there.
-        let mut xs = [0.0 as bf16; (256 + 32 * WARPS - 1) / (32 * WARPS)];
-        let mut ws = [0.0 as bf16; (256 + 32 * WARPS - 1) / (32 * WARPS)];
-        let mut gs = [0.0 as bf16; (256 + 32 * WARPS - 1) / (32 * WARPS)];
+        let mut xs = [0.0 as bf16; PER_THREAD];
+        let mut ws = [0.0 as bf16; PER_THREAD];
+        let mut gs = [0.0 as bf16; PER_THREAD];
         #[unroll]
-        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+        for e in 0..PER_THREAD {
             let i = tid + e * threads;
             if i < len {
                 xs[e] = proj[src + i];
@@ -203,7 +205,7 @@ pub fn qsa_prepare(
             }
         }
         #[unroll]
-        for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+        for e in 0..PER_THREAD {
             let i = tid + e * threads;
             if i < len {
                 let x = xs[e] as f32;
@@ -218,7 +220,7 @@ pub fn qsa_prepare(
     let scale = rsqrt(total / len as f32 + eps);
 
     #[unroll]
-    for e in 0..(256 + 32 * WARPS - 1) / (32 * WARPS) {
+    for e in 0..PER_THREAD {
         let i = tid + e * threads;
         if i < len {
             let mut out = buf[i];
