@@ -114,13 +114,34 @@ pub fn qsa_attention(
     let d = 2 * thread_idx();
     let len = min(CHUNK, total - t0);
 
-    // The queries and the chunk's cache rows (token i ≥ len takes the last token's row).
-    for i in (4 * thread_idx()..group * head_dim).step_by(4 * 32 * WARPS) {
-        store_vec(qs, i, load_vec::<f32x4>(q, head0 * head_dim + i));
+    // The chunk's cache rows (token i ≥ len takes the last token's row) and the queries, every
+    // load before its store (at most 16·64·WARPS query values, eight 16-byte pieces a thread): one
+    // round trip. A loop storing each piece as it came took one a piece, and the selection's
+    // after them.
+    // The selection's entry is only loaded here (a predicated load, its use after the queries'
+    // loads): a use in this branch would close the round before them.
+    let j = t0 + min(thread_idx(), len - 1);
+    let mut pick = 0;
+    if thread_idx() < CHUNK && j < chosen {
+        pick = selected[j / c];
+    }
+    // Unconditional loads (a piece past the queries reloads the last one), which ptxas issues
+    // together; under a branch each it stored the first pieces before loading the rest.
+    let mut qv = [f32x4(0.0, 0.0, 0.0, 0.0); 8];
+    #[unroll]
+    for e in 0..8 {
+        let i = min(4 * thread_idx() + e * 4 * 32 * WARPS, group * head_dim - 4);
+        qv[e] = load_vec::<f32x4>(q, head0 * head_dim + i);
+    }
+    #[unroll]
+    for e in 0..8 {
+        let i = 4 * thread_idx() + e * 4 * 32 * WARPS;
+        if i < group * head_dim {
+            store_vec(qs, i, qv[e]);
+        }
     }
     if thread_idx() < CHUNK {
-        let j = t0 + min(thread_idx(), len - 1);
-        let token = if j < chosen { selected[j / c] * c + j % c } else { complete * c + (j - chosen) };
+        let token = if j < chosen { pick * c + j % c } else { complete * c + (j - chosen) };
         rows[thread_idx()] = token * kv_heads * head_dim + kvh * head_dim;
     }
     sync_threads();
