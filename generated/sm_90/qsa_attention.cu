@@ -129,13 +129,29 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
     const unsigned head0 = kvh * (q_heads / kv_heads) + blockIdx.x % 3u * group;
     const unsigned d = 2u * threadIdx.x;
     const unsigned len = min(16u, total - t0);
-    for (unsigned __i_i = 0u, __i_n = group * head_dim > 4u * threadIdx.x ? (group * head_dim - 4u * threadIdx.x - 1u) / 512u + 1u : 0u; __i_i < __i_n; ++__i_i) {
-        const unsigned i = 4u * threadIdx.x + __i_i * 512u;
-        *reinterpret_cast<float4*>(qs + i) = *reinterpret_cast<const float4*>(q + (head0 * head_dim + i));
+    const unsigned j = t0 + min(threadIdx.x, len - 1u);
+    unsigned pick = 0u;
+    if (threadIdx.x < 16u && j < chosen) {
+        pick = selected[j / c];
+    }
+    const float4 __fill_qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 qv[8];
+    #pragma unroll
+    for (int __i = 0; __i < 8; ++__i) qv[__i] = __fill_qv;
+    #pragma unroll
+    for (unsigned e = 0u; e < 8u; ++e) {
+        const unsigned i = min(4u * threadIdx.x + e * 4u * 32u * 4u, group * head_dim - 4u);
+        qv[e] = *reinterpret_cast<const float4*>(q + (head0 * head_dim + i));
+    }
+    #pragma unroll
+    for (unsigned e = 0u; e < 8u; ++e) {
+        const unsigned i_1 = 4u * threadIdx.x + e * 4u * 32u * 4u;
+        if (i_1 < group * head_dim) {
+            *reinterpret_cast<float4*>(qs + i_1) = qv[e];
+        }
     }
     if (threadIdx.x < 16u) {
-        const unsigned j = t0 + min(threadIdx.x, len - 1u);
-        const unsigned token = j < chosen ? selected[j / c] * c + j % c : complete * c + (j - chosen);
+        const unsigned token = j < chosen ? pick * c + j % c : complete * c + (j - chosen);
         rows[threadIdx.x] = token * kv_heads * head_dim + kvh * head_dim;
     }
     __syncthreads();
@@ -182,10 +198,10 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
                 s = fmaf(b.x, qa.z, s);
                 s = fmaf(b.y, qa.w, s);
                 if (per_lane == 8u) {
-                    const float2 e = bf16x2_to_float2(kv.z);
+                    const float2 e_1 = bf16x2_to_float2(kv.z);
                     const float2 f = bf16x2_to_float2(kv.w);
-                    s = fmaf(e.x, qb.x, s);
-                    s = fmaf(e.y, qb.y, s);
+                    s = fmaf(e_1.x, qb.x, s);
+                    s = fmaf(e_1.y, qb.y, s);
                     s = fmaf(f.x, qb.z, s);
                     s = fmaf(f.y, qb.w, s);
                 }
@@ -220,11 +236,11 @@ extern "C" __global__ void __launch_bounds__(128) qsa_attention(
         const bool live = (threadIdx.x & 31u) < len;
         const float logit = live ? p[h * 16u + (threadIdx.x & 31u)] : -__uint_as_float(0x7f800000u);
         const float m = warp_max(logit);
-        const float e_1 = live ? expf(logit - m) : 0.0f;
+        const float e_2 = live ? expf(logit - m) : 0.0f;
         if ((threadIdx.x & 31u) < 16u) {
-            p[h * 16u + (threadIdx.x & 31u)] = e_1;
+            p[h * 16u + (threadIdx.x & 31u)] = e_2;
         }
-        const float sum = warp_sum(e_1);
+        const float sum = warp_sum(e_2);
         if ((threadIdx.x & 31u) == 0u) {
             const unsigned slot = (head0 + h) * splits + split;
             partial_ml[2u * slot] = m;
