@@ -146,8 +146,10 @@ fn the_kernels_given_one_round_of_loads_after_their_wait_keep_it() {
         ("gdn_delta_rule_normed", 1, 5),
         // Mostly the pooled key's path (a loop over the block's tokens, once every few tokens).
         ("qsa_prepare", 53, 55),
-        // The queries' copy in one round (session 48), then the key loop's later batches.
+        // The queries' copy in one round (session 48), then the key loop's later batches (the
+        // attention: the rows' loads after its barrier).
         ("qsa_block_scores", 2, 13),
+        ("qsa_attention", 2, 7),
     ];
     let mut problems = Vec::new();
     for (kernel, most, before) in bounds {
