@@ -42,25 +42,26 @@
 //! launches while its predecessor still runs: the block scheduler places blocks wherever there
 //! is room, so without the bound they pile onto the few SMs the predecessor has left.
 //!
-//! `#[kernel(..., helpers = "src/kernels/helpers/radix.rs")]` names a file of device functions
-//! the body calls (`helpers = ["a.rs", "b.rs"]` several), relative to the crate's manifest (a proc macro cannot see other items, so the
-//! kernel names the file, and the generated module includes its bytes so that cargo rebuilds on
-//! its change). They are plain `fn` items in the same subset; parameters are values (scalars and
-//! vectors, copied) or `&[T]` / `&mut [T]` taking a buffer or an array by name. Each call is
-//! expanded in place, its locals renamed as any local is: a one-expression function of values
-//! wherever it stands (the argument then takes the parameter's place, so it must have no effect),
-//! one with statements as a statement of its own or as a `let`'s value. A function sees its
-//! parameters and the kernel's tiles only, and has no early `return`.
+//! `#[kernel(..., helpers = "src/kernels/helpers/radix.rs")]` names a file of device functions the
+//! body calls (`helpers = ["a.rs", "b.rs"]` several), relative to the crate's manifest (a proc
+//! macro cannot see other items, so the kernel names the file, and the generated module includes
+//! its bytes so that cargo rebuilds on its change). They are plain `fn` items in the same subset;
+//! parameters are values (scalars and vectors, copied) or `&[T]` / `&mut [T]` taking a buffer or an
+//! array by name. Each call is expanded in place, its locals renamed as any local is: a
+//! one-expression function of values wherever it stands (the argument then takes the parameter's
+//! place, so it must have no effect), one with statements as a statement of its own or as a `let`'s
+//! value. A function sees its parameters and the kernel's tiles only, and has no early `return`.
 //!
 //! The body is a Rust subset: `let` and `let mut` (scalars, vectors, `[v; N]` local arrays,
-//! `shared::<T, N>()` shared arrays), `const NAME: T = value;` (a scalar of tiles and literals,
-//! put in place of each use, so it may size an array or bound an unrolled loop), assignment and compound assignment, `if`/`else` (also as a
-//! value), `for` over `a..b` or `(a..b).step_by(s)` with `#[unroll]` or `#[unroll(n)]`, `while`,
-//! `loop`, `break`, `continue`, `return`, arithmetic, comparisons, `as` casts, indexing, vector
-//! lanes (`v.x`) and the intrinsics of `kernel_dsl::intrinsic`. `raw_cuda::<T>("...{0}...", args)`
-//! is the escape hatch for an instruction the DSL lacks. Types follow Rust: no implicit
-//! conversions; a literal takes the type of what it meets, u32 or f32 when nothing decides. A
-//! mistake is reported at its span when the crate compiles.
+//! `shared::<T, N>()` shared arrays), `const NAME: T = value;` (a scalar of tiles and literals, put
+//! in place of each use, so it may size an array or bound an unrolled loop), assignment and
+//! compound assignment, `if`/`else` (also as a value), `for` over `a..b` or `(a..b).step_by(s)`
+//! with `#[unroll]` or `#[unroll(n)]`, `while`, `loop`, `break`, `continue`, `return`, arithmetic,
+//! comparisons, `as` casts, indexing, vector lanes (`v.x`) and the intrinsics of
+//! `kernel_dsl::intrinsic`. `raw_cuda::<T>("...{0}...", args)` is the escape hatch for an
+//! instruction the DSL lacks. Types follow Rust: no implicit conversions; a literal takes the type
+//! of what it meets, u32 or f32 when nothing decides. A mistake is reported at its span when the
+//! crate compiles.
 
 mod error;
 mod generate;
