@@ -24,7 +24,7 @@ fi
 # of the kernels after their wait (tools/tests/kernel_inspect.rs): NVIDIA's wheels into
 # .nvrtc-tools/ (kernel-inspect looks there too) where no CUDA toolkit has them.
 if ! command -v cuobjdump >/dev/null 2>&1 && [ ! -x "${CUDA_PATH:-/nonexistent}/bin/cuobjdump" ] \
-  && [ ! -x /usr/local/cuda/bin/cuobjdump ] && [ ! -x .nvrtc-tools/nvidia/cu13/bin/nvdisasm ]; then
+  && [ ! -x /usr/local/cuda/bin/cuobjdump ] && [ ! -x .nvrtc-tools/nvidia/cu13/bin/cuobjdump ]; then
   echo "== cuobjdump not found: installing nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm 13.5 into .nvrtc-tools/"
   python3 -m pip install --quiet --disable-pip-version-check --no-deps --target .nvrtc-tools \
     "nvidia-cuda-cuobjdump==13.5.*" "nvidia-cuda-nvdisasm==13.5.*"

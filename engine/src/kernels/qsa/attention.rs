@@ -127,14 +127,17 @@ pub fn qsa_attention(
     }
     // Unconditional loads (a piece past the queries reloads the last one), which ptxas issues
     // together; under a branch each it stored the first pieces before loading the rest.
-    let mut qv = [f32x4(0.0, 0.0, 0.0, 0.0); 8];
+    /// A thread's 16-byte pieces of the queries: group·head_dim ≤ 16·64·WARPS values over the
+    /// block's 4·32·WARPS values a round.
+    const PIECES: u32 = (16 * 64 * WARPS) / (4 * 32 * WARPS);
+    let mut qv = [f32x4(0.0, 0.0, 0.0, 0.0); PIECES];
     #[unroll]
-    for e in 0..8 {
+    for e in 0..PIECES {
         let i = min(4 * thread_idx() + e * 4 * 32 * WARPS, group * head_dim - 4);
         qv[e] = load_vec::<f32x4>(q, head0 * head_dim + i);
     }
     #[unroll]
-    for e in 0..8 {
+    for e in 0..PIECES {
         let i = 4 * thread_idx() + e * 4 * 32 * WARPS;
         if i < group * head_dim {
             store_vec(qs, i, qv[e]);
