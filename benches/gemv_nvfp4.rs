@@ -170,13 +170,18 @@ fn cases() -> Vec<Case> {
     ];
     // The row path (a block's warps share ROWS rows and split their columns, every weight load
     // in flight at once, no split-K tail), each fitting WARPS × STEPS with its loads after the
-    // wait and before it (EARLY); those that do not fit a shape are reported and left out.
+    // wait and before it (EARLY), x read by the lanes or copied by the copy engine (XBULK);
+    // those that do not fit a shape are reported and left out.
     let mut nvfp4_variants = nvfp4_variants;
     for (warps, steps) in [(2, 3), (4, 2), (4, 3), (8, 1), (8, 2)] {
         for rows in [2, 4] {
-            for early in [0, 8] {
-                let label = format!("rows{rows} w{warps} steps{steps}{}", if early > 0 { " early" } else { "" });
-                let tiles = gemv_nvfp4::Tiles { rows, warps, steps, early, ..n };
+            for (early, xbulk) in [(0, 0), (8, 0), (0, 1), (8, 1)] {
+                let label = format!(
+                    "rows{rows} w{warps} steps{steps}{}{}",
+                    if early > 0 { " early" } else { "" },
+                    if xbulk > 0 { " xbulk" } else { "" }
+                );
+                let tiles = gemv_nvfp4::Tiles { rows, warps, steps, early, xbulk, ..n };
                 nvfp4_variants.push((String::leak(label), Tiles::Nvfp4(tiles)));
             }
         }

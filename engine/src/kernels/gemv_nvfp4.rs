@@ -19,13 +19,33 @@ use kernel_macros::kernel;
 /// against 6.73 split four ways, the step 1.7% faster at 1k and 32k, ahead of four rows a block,
 /// eight warps, or the loads after the wait. The next kernel (a mix site's down-projection,
 /// which keeps to one block an SM) launches after this one's wait (TRIGGER 0; the kernel's docs).
-pub const ROW_PATH: gemv_nvfp4::Tiles =
-    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 1, unroll: 4, mma: 0, early: 8, rows: 2, steps: 3, trigger: 0 };
+pub const ROW_PATH: gemv_nvfp4::Tiles = gemv_nvfp4::Tiles {
+    lanes: 16,
+    warps: 4,
+    k_split: 1,
+    unroll: 4,
+    mma: 0,
+    early: 8,
+    rows: 2,
+    steps: 3,
+    trigger: 0,
+    xbulk: 1,
+};
 
 /// The split path's tiles for a wide matrix the row path does not fit: 16 lanes a row, K split
 /// four ways so that 2560 rows fill the SMs (H200: 6.83 µs against 14.48 unsplit).
-pub const SPLIT_PATH: gemv_nvfp4::Tiles =
-    gemv_nvfp4::Tiles { lanes: 16, warps: 4, k_split: 4, unroll: 4, mma: 0, early: 0, rows: 0, steps: 3, trigger: 1 };
+pub const SPLIT_PATH: gemv_nvfp4::Tiles = gemv_nvfp4::Tiles {
+    lanes: 16,
+    warps: 4,
+    k_split: 4,
+    unroll: 4,
+    mma: 0,
+    early: 0,
+    rows: 0,
+    steps: 3,
+    trigger: 1,
+    xbulk: 0,
+};
 
 /// Tiles that run `args`, starting from `tiles`: those when the launch fits and `ok` accepts
 /// it; else the split path (`SPLIT_PATH` in place of a row-path set, whose columns must fit its
@@ -95,6 +115,14 @@ pub fn fitting(
 /// launch; behind GDN's state update and QSA's combine it gained nothing and slowed those (their
 /// own loads met these), so the default stays 0 and the QSA plan asks for 8.
 ///
+/// XBULK = 1 (the row path) has x copied into shared memory by the copy engine: thread 0 issues
+/// one bulk copy of all `cols` values the moment the wait returns, counted by an mbarrier it
+/// readied before the wait, and the lanes read their pieces from there once it has landed. The
+/// lanes' own loads of x (XBULK = 0) came in three dependent round trips after the wait, one a
+/// step (`kernel-inspect --sass`: ptxas issues a step's pieces, uses them, then issues the
+/// next step's, whatever order the source gives), where the copy is one; it costs 12 KB of
+/// shared memory a block at 6,144 columns (512·WARPS·STEPS values).
+///
 /// TRIGGER says when the next kernel may launch: 1 (the default, and the first candidate, so that
 /// the autotuner keeps it on a tie) not before this grid ends, 0 once past the wait (on the row
 /// path without EARLY, past its weight loads too). Where the next kernel is a mix site's
@@ -130,6 +158,8 @@ pub fn fitting(
         ROWS == 0 || cols > 512 * WARPS * (STEPS - 1),
         // (the row path's block scales wait in one word a row, a byte a step)
         ROWS == 0 || STEPS <= 3,
+        // x by the copy engine is the row path's alone.
+        XBULK == 0 || ROWS > 0,
     ),
 )]
 pub fn gemv_nvfp4(
@@ -142,6 +172,7 @@ pub fn gemv_nvfp4(
     #[tile(default = 0, candidates = [0, 2, 4])] ROWS: u32,
     #[tile(default = 3, candidates = [1, 2, 3])] STEPS: u32,
     #[tile(default = 1, candidates = [1, 0], step)] TRIGGER: u32,
+    #[tile(default = 0, candidates = [0, 1])] XBULK: u32,
     packed: &[e2m1x2],
     // e4m3 block scales, read as their bits (widened by `e4m3x4_to_f32x4`).
     scales: &[u8],
@@ -187,6 +218,17 @@ pub fn gemv_nvfp4(
     let row_base = block_idx() * ROWS;
     let mut row_codes = [u32x2(0, 0); ROWS * STEPS + 1];
     let mut row_scales = [0u32; ROWS + 1];
+    // XBULK: the block's copy of x [cols] in shared memory (eight values an element; one element
+    // when XBULK is 0), landed by one bulk copy that slot 0 of `landed` counts. Thread 0 readies
+    // the barrier before the wait, where the meeting costs nothing.
+    let x_row = shared::<u32x4, { if XBULK == 1 { 64 * WARPS * STEPS } else { 1 } }>();
+    let landed = shared::<u64, 1>();
+    if XBULK == 1 {
+        if thread_idx() == 0 {
+            bulk_barrier_init(landed, 0, 1);
+        }
+        sync_threads();
+    }
     if ROWS > 0 && EARLY == 0 {
         grid_dependency_wait();
     }
@@ -214,6 +256,12 @@ pub fn gemv_nvfp4(
     }
     if ROWS == 0 || EARLY > 0 {
         grid_dependency_wait();
+    }
+    if XBULK == 1 && thread_idx() == 0 {
+        // One copy of all of x, issued the moment it is the predecessor's (the lanes' own loads
+        // came in three dependent round trips, one a step, whatever order the source gave them).
+        bulk_load(x_row, 0, x, 0, cols * 2, landed, 0);
+        bulk_barrier_arrive(landed, 0);
     }
     if TRIGGER == 0 {
         // Only now may the next kernel launch: before the wait it could take SM room ahead of
@@ -257,12 +305,15 @@ pub fn gemv_nvfp4(
         let lift = e2m1_raw_lift();
         let drop = e2m1_raw_gap() / lift;
         let mut acc = [0.0; ROWS + 1];
+        if XBULK == 1 {
+            bulk_barrier_wait(landed, 0, 0);
+        }
         #[unroll]
         for j in 0..STEPS {
             let c = thread_idx() * 16 + 512 * WARPS * j;
             let at = min(c, cols - 16);
-            let lo = load_vec::<u32x4>(x, at);
-            let hi = load_vec::<u32x4>(x, at + 8);
+            let lo = if XBULK == 1 { x_row[at / 8] } else { load_vec::<u32x4>(x, at) };
+            let hi = if XBULK == 1 { x_row[at / 8 + 1] } else { load_vec::<u32x4>(x, at + 8) };
             let (a, b, e, f) =
                 (bf16x2_to_f32x2(lo.x), bf16x2_to_f32x2(lo.y), bf16x2_to_f32x2(lo.z), bf16x2_to_f32x2(lo.w));
             let x0 = f32x4(a.x * lift, a.y * lift, b.x * lift, b.y * lift);
