@@ -125,9 +125,9 @@ fn sass_maps_the_loads_or_says_how_to_get_cuobjdump() {
     }
 }
 
-/// Sessions 47 and 48 gave seven kernels fewer rounds of global loads after their grid dependency
+/// Sessions 47 to 49 gave eight kernels fewer rounds of global loads after their grid dependency
 /// wait, where ptxas had left several one after another (BENCHMARKS.md, step section: the step
-/// 1.5% and 0.5% faster). The static count at the defaults on sm_90 (every path of the listing, so a branch's
+/// 1.5% and 0.5% faster in sessions 47 and 48). The static count at the step's tiles on sm_90 (every path of the listing, so a branch's
 /// paths add up) may not grow back: an edit that splits a batch of loads again fails here. The
 /// counts before the change are beside each bound. Needs cuobjdump and nvdisasm, which the test
 /// command installs (tools/test.sh, into .nvrtc-tools/).
@@ -137,23 +137,40 @@ fn the_kernels_given_one_round_of_loads_after_their_wait_keep_it() {
         tools::inspect::find_cuobjdump().is_some(),
         "no cuobjdump: run the test command (tools/test.sh installs NVIDIA's cuobjdump and nvdisasm wheels into .nvrtc-tools/), or put a CUDA toolkit's bin/ on the PATH"
     );
-    // (kernel, the most rounds now, the count before sessions 47 and 48)
+    // The step's tiles where they are not the kernel's defaults.
+    let row_path: Vec<String> = kernel_dsl::TileSet::values(&engine::kernels::gemv_nvfp4::ROW_PATH)
+        .into_iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    let row_path = row_path.join(" ");
+    // (kernel, the tiles when not the defaults, the most rounds now, the count before sessions
+    // 47 to 49)
     let bounds = [
-        ("moe_router", 5, 13),
-        ("mix_up_bf16", 1, 4),
+        ("moe_router", "", 5, 13),
+        ("mix_up_bf16", "", 1, 4),
         // 7 in session 47 (its partials' loads interleaved with their adds), 1 in session 48.
-        ("mix_up_nvfp4", 1, 5),
-        ("gdn_delta_rule_normed", 1, 5),
+        ("mix_up_nvfp4", "", 1, 5),
+        ("gdn_delta_rule_normed", "", 1, 5),
         // Mostly the pooled key's path (a loop over the block's tokens, once every few tokens).
-        ("qsa_prepare", 53, 55),
+        ("qsa_prepare", "", 53, 55),
         // The queries' copy in one round (session 48), then the key loop's later batches (the
         // attention: the rows' loads after its barrier).
-        ("qsa_block_scores", 2, 13),
-        ("qsa_attention", 2, 7),
+        ("qsa_block_scores", "", 2, 13),
+        ("qsa_attention", "", 2, 7),
+        // The row path (GDN's out_proj, QSA's o_proj): x by one bulk copy (session 49) where the
+        // lanes had loaded it in three dependent rounds, one a step.
+        ("gemv_nvfp4", row_path.as_str(), 1, 4),
+        // The position loaded before the wait (session 49), where the count of blocks came from
+        // the block scores after it; the rest are the radix passes over the scores.
+        ("qsa_top_blocks", "", 5, 6),
     ];
     let mut problems = Vec::new();
-    for (kernel, most, before) in bounds {
-        let o = run(&[kernel, "--arch", "sm_90", "--sass"]);
+    for (kernel, tiles, most, before) in bounds {
+        let mut args = vec![kernel, "--arch", "sm_90", "--sass"];
+        if !tiles.is_empty() {
+            args.extend(["--tiles", tiles]);
+        }
+        let o = run(&args);
         assert!(o.status.success(), "{kernel}: {}", text(&o.stderr));
         let out = text(&o.stdout);
         let rounds: usize = out
