@@ -589,11 +589,11 @@ mod tests {
 
         let verdicts = shape_verdicts(&unit, start, "out_proj");
         // The f16x2 path's LANES × WARPS × K_SPLIT × UNROLL × EARLY, the tensor-core path's
-        // (LANES 2, EARLY 0) and the row path's ROWS × WARPS × STEPS × EARLY, each at both
-        // TRIGGER values.
+        // (LANES 2, EARLY 0) and the row path's ROWS × WARPS × STEPS × EARLY × XBULK, each at
+        // both TRIGGER values.
         assert_eq!(
             verdicts.len(),
-            (3 * 3 * 4 * 3 * 2 + 3 * 4 * 3 + 2 * 3 * 3 * 2) * 2,
+            (3 * 3 * 4 * 3 * 2 + 3 * 4 * 3 + 2 * 3 * 3 * 2 * 2) * 2,
             "every declared tile set of gemv_nvfp4"
         );
         let best = gemv_nvfp4::Tiles { warps: 8, k_split: 4, ..start.out_proj_nvfp4 };
