@@ -95,9 +95,9 @@ pub fn fitting(
 /// 6144): a block's WARPS warps share its ROWS rows and split their columns, lane t of the block
 /// taking values 16t + 512·WARPS·j in step j of STEPS (cols ≤ 512·WARPS·STEPS). Every code and
 /// block scale of a lane is loaded at once (before the grid dependency wait with EARLY > 0), x
-/// is read where it is (bf16, L1 after the first warp), the products are f32 on the raw decode
-/// (`dot_e2m1x16_raw`, as `gdn_in_proj_nvfp4`'s), and the warps' sums meet in shared memory in
-/// warp order: no staging pass, no barrier before the first product, no split-K tail. The split
+/// is read as bf16 where it is (L1 after the first warp) or from the block's copy (XBULK, below),
+/// the products are f32 on the raw decode (`dot_e2m1x16_raw`, as `gdn_in_proj_nvfp4`'s), and the
+/// warps' sums meet in shared memory in warp order: no staging pass, no split-K tail. The split
 /// path's block is a chain of round trips (x staged, its weights in UNROLL batches, the partials
 /// and the counter); this one has one. H200, 2026-12-01: 5.5 to 5.7 µs a launch against 6.7 for
 /// the split path (BENCHMARKS.md), bound by instruction issue now (about seven a weight).
