@@ -74,7 +74,7 @@ fn bench_qsa(c: &mut Criterion) {
         ("64 levels", Box::new(|r: &mut Rng| (r.next_u64() % 64) as f32 * 0.125)),
         ("all zero", Box::new(|_: &mut Rng| 0.0)),
     ];
-    let d_position = gpu.upload(&[(BLOCKS * BLOCK_TOKENS - 1) as u32]).expect("position");
+    let d_n = gpu.upload(&[BLOCKS as u32]).expect("n");
     let mut selected: Vec<DeviceBuffer<u32>> = (0..LAUNCHES).map(|_| gpu.alloc(TOP).expect("selected")).collect();
     let mut count: Vec<DeviceBuffer<u32>> = (0..LAUNCHES).map(|_| gpu.alloc(1).expect("count")).collect();
     for tiles in qsa_top_blocks::Tiles::candidates() {
@@ -89,10 +89,9 @@ fn bench_qsa(c: &mut Criterion) {
             let args: Vec<qsa_top_blocks::Args> = (0..LAUNCHES)
                 .map(|i| qsa_top_blocks::Args {
                     scores: scores[i].ptr(),
-                    position: d_position.ptr(),
+                    n_blocks: d_n.ptr(),
                     selected: selected[i].ptr_mut(),
                     count: count[i].ptr_mut(),
-                    block_tokens: BLOCK_TOKENS as u32,
                     capacity: BLOCKS as u32,
                     top: TOP as u32,
                 })
@@ -100,7 +99,7 @@ fn bench_qsa(c: &mut Criterion) {
             let g = gpu
                 .capture(|| {
                     for a in &args {
-                        // SAFETY: scores hold BLOCKS values, selected TOP, count and the position one; all
+                        // SAFETY: scores hold BLOCKS values, selected TOP, count and n one; all
                         // live until the graph is dropped below.
                         unsafe { k.launch(&gpu, a) }?;
                     }
@@ -138,7 +137,7 @@ fn bench_qsa(c: &mut Criterion) {
         })
         .collect();
     for n in [BLOCKS, 8_192] {
-        let d_position = gpu.upload(&[(n * BLOCK_TOKENS - 1) as u32]).expect("position");
+        let d_len = gpu.upload(&[n as u32]).expect("n");
         for (label, draw) in &distributions {
             if n != BLOCKS && *label != "continuous" {
                 continue;
@@ -154,17 +153,16 @@ fn bench_qsa(c: &mut Criterion) {
                         let args: Vec<qsa_top_blocks::Args> = (0..LAUNCHES)
                             .map(|i| qsa_top_blocks::Args {
                                 scores: scores[i].ptr(),
-                                position: d_position.ptr(),
+                                n_blocks: d_len.ptr(),
                                 selected: selected[i].ptr_mut(),
                                 count: count[i].ptr_mut(),
-                                block_tokens: BLOCK_TOKENS as u32,
                                 capacity: n as u32,
                                 top: TOP as u32,
                             })
                             .collect();
                         gpu.capture(|| {
                             for a in &args {
-                                // SAFETY: scores hold n values, selected TOP, count and the position one; all
+                                // SAFETY: scores hold n values, selected TOP, count and n one; all
                                 // live until the graph is dropped below.
                                 unsafe { k1.launch(&gpu, a) }?;
                             }
@@ -177,11 +175,10 @@ fn bench_qsa(c: &mut Criterion) {
                         let args: Vec<qsa_top_blocks_grid::Args> = (0..LAUNCHES)
                             .map(|i| qsa_top_blocks_grid::Args {
                                 scores: scores[i].ptr(),
-                                position: d_position.ptr(),
+                                n_blocks: d_len.ptr(),
                                 selected: selected[i].ptr_mut(),
                                 count: count[i].ptr_mut(),
                                 scratch: scratch_ptr,
-                                block_tokens: BLOCK_TOKENS as u32,
                                 capacity: n as u32,
                                 top: TOP as u32,
                             })
@@ -234,6 +231,7 @@ fn bench_qsa(c: &mut Criterion) {
         let qs: Vec<DeviceBuffer<f32>> = (0..layers).map(|_| gpu.upload(&q_host).expect("q")).collect();
         let pos = gpu.upload(&[(context - 1) as u32]).expect("position");
         let mut scores: Vec<DeviceBuffer<f32>> = (0..layers).map(|_| gpu.alloc(n).expect("scores")).collect();
+        let mut n_blocks: Vec<DeviceBuffer<u32>> = (0..layers).map(|_| gpu.alloc(1).expect("n")).collect();
         let mut sel: Vec<DeviceBuffer<u32>> = (0..layers).map(|_| gpu.alloc(TOP).expect("selected")).collect();
         let mut cnt: Vec<DeviceBuffer<u32>> = (0..layers).map(|_| gpu.alloc(1).expect("count")).collect();
         let score_args: Vec<qsa_block_scores::Args> = (0..layers)
@@ -242,6 +240,7 @@ fn bench_qsa(c: &mut Criterion) {
                 block_keys: keys[l].ptr(),
                 position: pos.ptr(),
                 scores: scores[l].ptr_mut(),
+                n_blocks: n_blocks[l].ptr_mut(),
                 heads: HEADS as u32,
                 dim: DIM as u32,
                 block_tokens: BLOCK_TOKENS as u32,
@@ -252,10 +251,9 @@ fn bench_qsa(c: &mut Criterion) {
         let top_args: Vec<qsa_top_blocks::Args> = (0..layers)
             .map(|l| qsa_top_blocks::Args {
                 scores: scores[l].ptr(),
-                position: pos.ptr(),
+                n_blocks: n_blocks[l].ptr(),
                 selected: sel[l].ptr_mut(),
                 count: cnt[l].ptr_mut(),
-                block_tokens: BLOCK_TOKENS as u32,
                 capacity: n as u32,
                 top: TOP as u32,
             })
@@ -265,11 +263,10 @@ fn bench_qsa(c: &mut Criterion) {
             .iter()
             .map(|a| qsa_top_blocks_grid::Args {
                 scores: a.scores,
-                position: a.position,
+                n_blocks: a.n_blocks,
                 selected: a.selected,
                 count: a.count,
                 scratch: scratch_ptr,
-                block_tokens: a.block_tokens,
                 capacity: a.capacity,
                 top: a.top,
             })
@@ -429,10 +426,9 @@ fn bench_qsa(c: &mut Criterion) {
     let scores = gpu.upload(&(0..BLOCKS).map(|_| rng.uniform()).collect::<Vec<f32>>()).expect("scores");
     let args = qsa_top_blocks::Args {
         scores: scores.ptr(),
-        position: d_position.ptr(),
+        n_blocks: d_n.ptr(),
         selected: selected[0].ptr_mut(),
         count: count[0].ptr_mut(),
-        block_tokens: BLOCK_TOKENS as u32,
         capacity: BLOCKS as u32,
         top: TOP as u32,
     };

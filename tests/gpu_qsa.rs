@@ -1,8 +1,8 @@
 //! QSA's indexer kernels on a GPU against the CPU reference `reference::qsa`: the block scores
 //! (every element within f32 rounding of the f64 reference, nothing written past the complete
-//! blocks) and the top-k (the selected blocks identical to `top_blocks`, in order, on random
-//! scores with many ties, at 10, 512, 513 and 65,536 blocks, the count of blocks following from
-//! the position in device memory, as in the step). Outputs poisoned before each launch; a second launch gives
+//! blocks, the block count left for the top-k) and the top-k (the selected blocks identical to
+//! `top_blocks`, in order, on random scores with many ties, at 10, 512, 513 and 65,536 blocks,
+//! the count read from device memory). Outputs poisoned before each launch; a second launch gives
 //! the same bits; every tile candidate runs. Fresh random inputs each run. The multi-block top-k
 //! (`qsa_top_blocks_grid`) the same way at more lengths (up to 131,072), three launches on one
 //! scratch per case, then many launches back to back and graph replays with n changed between
@@ -21,14 +21,6 @@ use flashnext::rng::Rng;
 use kernel_dsl::{KernelDef, TileSet};
 
 const POISON: u8 = 0xab;
-/// The tokens a block has where a top-k test sets n through the position, as the step does.
-const TOP_K_BLOCK_TOKENS: usize = 4;
-
-/// A position whose complete blocks of `TOP_K_BLOCK_TOKENS` tokens number n, one token short
-/// of the next: the top-k kernels read n as `(position + 1) / block_tokens`.
-fn position_of(n: usize) -> u32 {
-    (n * TOP_K_BLOCK_TOKENS + TOP_K_BLOCK_TOKENS - 2) as u32
-}
 /// The published budget: 2048 tokens in blocks of 4.
 const TOP: usize = QsaShape::PUBLISHED.top;
 /// The score buffer's capacity: 65,536 blocks (262,144 tokens).
@@ -73,23 +65,22 @@ fn top_k_on_gpu(gpu: &Gpu, tiles: qsa_top_blocks::Tiles, scores: &[f32], n: usiz
     let mut padded = scores.to_vec();
     padded.resize(CAPACITY, 1e30);
     let d_scores = gpu.upload(&padded).expect("scores");
-    let d_position = gpu.upload(&[position_of(n)]).expect("position");
+    let d_n = gpu.upload(&[n as u32]).expect("n");
     let mut selected = gpu.alloc::<u32>(top).expect("selected");
     let mut count = gpu.alloc::<u32>(1).expect("count");
     let k = gpu.kernel::<qsa_top_blocks::Kernel>(tiles).expect("compile");
     let args = qsa_top_blocks::Args {
         scores: d_scores.ptr(),
-        position: d_position.ptr(),
+        n_blocks: d_n.ptr(),
         selected: selected.ptr_mut(),
         count: count.ptr_mut(),
-        block_tokens: TOP_K_BLOCK_TOKENS as u32,
         capacity: CAPACITY as u32,
         top: top as u32,
     };
     let mut run = || {
         gpu.fill_bytes(&mut selected, POISON).expect("poison");
         gpu.fill_bytes(&mut count, POISON).expect("poison");
-        // SAFETY: scores hold `capacity` values, selected `top`, count and the position one each.
+        // SAFETY: scores hold `capacity` values, selected `top`, count and n one each.
         unsafe { k.launch(gpu, &args) }.expect("launch");
         (gpu.download(&selected).expect("selected"), gpu.download(&count).expect("count")[0])
     };
@@ -133,7 +124,7 @@ fn top_k_selects_the_reference_blocks() {
 /// must not be chosen), n in device memory, the outputs, and the one scratch every launch shares.
 struct GridTopK {
     scores: DeviceBuffer<f32>,
-    position: DeviceBuffer<u32>,
+    n: DeviceBuffer<u32>,
     selected: DeviceBuffer<u32>,
     count: DeviceBuffer<u32>,
 }
@@ -153,7 +144,7 @@ impl GridTopK {
         padded.resize(GRID_CAPACITY, 1e30);
         GridTopK {
             scores: gpu.upload(&padded).expect("scores"),
-            position: gpu.upload(&[position_of(n)]).expect("position"),
+            n: gpu.upload(&[n as u32]).expect("n"),
             selected: gpu.alloc(top).expect("selected"),
             count: gpu.alloc(1).expect("count"),
         }
@@ -162,11 +153,10 @@ impl GridTopK {
     fn args(&mut self, scratch: &mut DeviceBuffer<u32>, capacity: usize, top: usize) -> qsa_top_blocks_grid::Args {
         qsa_top_blocks_grid::Args {
             scores: self.scores.ptr(),
-            position: self.position.ptr(),
+            n_blocks: self.n.ptr(),
             selected: self.selected.ptr_mut(),
             count: self.count.ptr_mut(),
             scratch: scratch.ptr_mut(),
-            block_tokens: TOP_K_BLOCK_TOKENS as u32,
             capacity: capacity as u32,
             top: top as u32,
         }
@@ -261,7 +251,7 @@ fn grid_top_k_selects_the_reference_blocks() {
                 // Three launches back to back on the same scratch, each checked.
                 for launch in 0..3 {
                     bufs.poison(&gpu);
-                    // SAFETY: scores hold GRID_CAPACITY ≥ capacity values, selected `top`, count and the position one,
+                    // SAFETY: scores hold GRID_CAPACITY ≥ capacity values, selected `top`, count and n one,
                     // scratch SCRATCH_WORDS; the grid is co-resident (checked above).
                     unsafe { k.launch(&gpu, &args) }.expect("launch");
                     check_selection(&format!("{label} launch {launch}"), &scores, &bufs.result(&gpu), &want);
@@ -329,7 +319,7 @@ fn grid_top_k_survives_back_to_back_launches_and_graph_replays() {
             .expect("capture");
         for (replay, n) in [65_536usize, 513, 100_000, 10, 8_192, 65_535, 512, 77_777].into_iter().enumerate() {
             for b in &mut bufs {
-                gpu.write(&mut b.position, &[position_of(n)]).expect("position");
+                gpu.write(&mut b.n, &[n as u32]).expect("n");
                 b.poison(&gpu);
             }
             g.launch().expect("replay");
@@ -357,23 +347,25 @@ struct ScoresCase {
     top: usize,
 }
 
-/// Runs the block scores twice (the scores poisoned first): the scores of each run.
+/// Runs the block scores twice (scores and the count poisoned first): scores, n_blocks, per run.
 fn block_scores_on_gpu(
     gpu: &Gpu,
     tiles: qsa_block_scores::Tiles,
     c: &ScoresCase,
     q: &[f32],
     keys: &[f32],
-) -> Option<[Vec<f32>; 2]> {
+) -> Option<[(Vec<f32>, u32); 2]> {
     let d_q = gpu.upload(q).expect("q");
     let d_keys = gpu.upload(keys).expect("keys");
     let d_pos = gpu.upload(&[c.position as u32]).expect("position");
     let mut scores: DeviceBuffer<f32> = gpu.alloc(c.capacity).expect("scores");
+    let mut n_blocks = gpu.alloc::<u32>(1).expect("n_blocks");
     let args = qsa_block_scores::Args {
         index_q: d_q.ptr(),
         block_keys: d_keys.ptr(),
         position: d_pos.ptr(),
         scores: scores.ptr_mut(),
+        n_blocks: n_blocks.ptr_mut(),
         heads: c.heads as u32,
         dim: c.dim as u32,
         block_tokens: c.block_tokens as u32,
@@ -384,9 +376,10 @@ fn block_scores_on_gpu(
     let k = gpu.kernel::<qsa_block_scores::Kernel>(tiles).expect("compile");
     let mut run = || {
         gpu.fill_bytes(&mut scores, POISON).expect("poison");
-        // SAFETY: q holds heads·dim values, keys capacity·dim, scores capacity, the position one.
+        gpu.fill_bytes(&mut n_blocks, POISON).expect("poison");
+        // SAFETY: q holds heads·dim values, keys capacity·dim, scores capacity, the rest one each.
         unsafe { k.launch(gpu, &args) }.expect("launch");
-        gpu.download(&scores).expect("scores")
+        (gpu.download(&scores).expect("scores"), gpu.download(&n_blocks).expect("n")[0])
     };
     Some([run(), run()])
 }
@@ -439,8 +432,9 @@ fn block_scores_match_the_reference() {
         let mut ran = 0;
         for tiles in tile_sets {
             let label = format!("{tiles:?} heads {} dim {} position {} top {}", c.heads, c.dim, c.position, c.top);
-            let Some([got, second]) = block_scores_on_gpu(&gpu, tiles, c, &q, &keys) else { continue };
+            let Some([(got, got_n), second]) = block_scores_on_gpu(&gpu, tiles, c, &q, &keys) else { continue };
             ran += 1;
+            assert_eq!(got_n as usize, n, "{label}: n_blocks");
             // Scores are written for the complete blocks only, and only past the budget.
             let scored = if n > c.top { n } else { 0 };
             for b in 0..scored {
@@ -456,7 +450,7 @@ fn block_scores_match_the_reference() {
                 panic!("{label}: block {b} was written ({}), with {n} complete of a budget of {}", got[b], c.top);
             }
             assert!(
-                second.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                second.1 == got_n && second.0.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{label}: a second launch gave different bits"
             );
         }
@@ -479,6 +473,7 @@ fn scores_then_top_k_on_the_device() {
     let d_keys = gpu.upload(&keys).expect("keys");
     let mut d_pos = gpu.alloc::<u32>(1).expect("position");
     let mut scores = gpu.alloc::<f32>(CAPACITY).expect("scores");
+    let mut n_blocks = gpu.alloc::<u32>(1).expect("n_blocks");
     let mut selected = gpu.alloc::<u32>(TOP).expect("selected");
     let mut count = gpu.alloc::<u32>(1).expect("count");
     let ks = gpu.kernel::<qsa_block_scores::Kernel>(TileSet::DEFAULT).expect("compile");
@@ -488,6 +483,7 @@ fn scores_then_top_k_on_the_device() {
         block_keys: d_keys.ptr(),
         position: d_pos.ptr(),
         scores: scores.ptr_mut(),
+        n_blocks: n_blocks.ptr_mut(),
         heads: heads as u32,
         dim: dim as u32,
         block_tokens: block_tokens as u32,
@@ -496,10 +492,9 @@ fn scores_then_top_k_on_the_device() {
     };
     let top_args = qsa_top_blocks::Args {
         scores: scores.ptr(),
-        position: d_pos.ptr(),
+        n_blocks: n_blocks.ptr(),
         selected: selected.ptr_mut(),
         count: count.ptr_mut(),
-        block_tokens: block_tokens as u32,
         capacity: CAPACITY as u32,
         top: TOP as u32,
     };

@@ -162,7 +162,7 @@ fn poison_scratch(gpu: &Gpu, s: &mut QsaScratch) {
     for b in [&mut s.q, &mut s.gate, &mut s.index_q, &mut s.scores, &mut s.partial_acc, &mut s.partial_ml] {
         gpu.fill_bytes(b, POISON).expect("poison");
     }
-    for b in [&mut s.selected, &mut s.count] {
+    for b in [&mut s.n_blocks, &mut s.selected, &mut s.count] {
         gpu.fill_bytes(b, POISON).expect("poison");
     }
 }

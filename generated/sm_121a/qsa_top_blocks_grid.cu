@@ -7,10 +7,8 @@
 // `reference::qsa::top_blocks(&scores[..n], min(top, n))`, as [`super::top_blocks::qsa_top_blocks`]
 // gives it.
 //
-// `n = min((position[0] + 1) / block_tokens, capacity)`, the complete blocks, is read from
-// device memory (so one captured graph serves every context length), before the grid dependency
-// wait: no kernel writes the position (the host's copy precedes the step), so after the wait
-// the dense path has no load to wait for and the select's first loads are the scores'. While `n ≤ top` the selection is every block (the dense path) and the slots
+// `n = min(n_blocks[0], capacity)` is read from device memory, so one captured graph serves every
+// context length. While `n ≤ top` the selection is every block (the dense path) and the slots
 // past `n` hold `u32::MAX`; the scratch is not touched then.
 //
 // BLOCKS blocks, each a contiguous slice of ⌈n / BLOCKS⌉ scores, each thread a run of at most 8
@@ -69,15 +67,13 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // barriers, so the driver makes every block resident at once or refuses the launch.
 extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
     const float* scores,
-    const unsigned* position,
+    const unsigned* n_blocks,
     unsigned* selected,
     unsigned* count,
     unsigned* scratch,
-    const unsigned block_tokens,
     const unsigned capacity,
     const unsigned top)
 {
-    const unsigned n = min((ld_cg(position) + 1u) / block_tokens, capacity);
     grid_dependency_wait();
     launch_dependents();
     __shared__ __align__(16) unsigned hist[2048];
@@ -87,6 +83,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_top_blocks_grid(
     const unsigned warps = 8u;
     const unsigned tid = threadIdx.x;
     const unsigned block = blockIdx.x;
+    const unsigned n = min(n_blocks[0u], capacity);
     if (n <= top) {
         for (unsigned __i_i = 0u, __i_n = top > block * 256u + tid ? (top - (block * 256u + tid) - 1u) / 16384u + 1u : 0u; __i_i < __i_n; ++__i_i) {
             const unsigned i = block * 256u + tid + __i_i * 16384u;

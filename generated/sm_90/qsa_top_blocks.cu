@@ -6,10 +6,8 @@
 // `selected` [top] in ascending block order, with their number in `count[0]`: exactly
 // `reference::qsa::top_blocks(&scores[..n], min(top, n))`.
 //
-// `n = min((position[0] + 1) / block_tokens, capacity)`, the complete blocks, is read from
-// device memory (so one captured graph serves every context length), before the grid dependency
-// wait: no kernel writes the position (the host's copy precedes the step), so after the wait
-// the dense path has no load to wait for and the select's first loads are the scores'. While `n ≤ top` the selection is every block (the dense path) and the slots
+// `n = min(n_blocks[0], capacity)` is read from device memory, so one captured graph serves every
+// context length. While `n ≤ top` the selection is every block (the dense path) and the slots
 // past `n` hold `u32::MAX`.
 //
 // One block. Each score becomes a 32-bit key that orders as `f32::total_cmp` does (sign bit
@@ -23,12 +21,6 @@
 // above T, and the first `r` keys equal to T (the lower indices win the ties). The output is
 // thus in ascending block order, and every step is deterministic.
 
-// Loads that skip L1 and read L2, where other blocks of this launch wrote (after their fence).
-// The built-in is an ordinary load to the compiler: several can be in flight at once.
-__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
-__device__ __forceinline__ unsigned ld_cg(const unsigned* p) { return __ldcg(p); }
-__device__ __forceinline__ unsigned long long ld_cg(const unsigned long long* p) { return __ldcg(p); }
-
 // Programmatic dependent launch: wait until the grids this one overlaps have finished and
 // their writes are visible; let the next grid start (its blocks wait in turn).
 __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -38,14 +30,12 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // output is treated as invariant and moved above grid_dependency_wait().
 extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
     const float* scores,
-    const unsigned* position,
+    const unsigned* n_blocks,
     unsigned* selected,
     unsigned* count,
-    const unsigned block_tokens,
     const unsigned capacity,
     const unsigned top)
 {
-    const unsigned n = min((ld_cg(position) + 1u) / block_tokens, capacity);
     grid_dependency_wait();
     launch_dependents();
     __shared__ __align__(16) unsigned hist[2048];
@@ -54,6 +44,7 @@ extern "C" __global__ void __launch_bounds__(512) qsa_top_blocks(
     const unsigned per_thread = 4u;
     const unsigned warps = 16u;
     const unsigned tid = threadIdx.x;
+    const unsigned n = min(n_blocks[0u], capacity);
     if (n <= top) {
         for (unsigned __i_i = 0u, __i_n = top > tid ? (top - tid - 1u) / 512u + 1u : 0u; __i_i < __i_n; ++__i_i) {
             const unsigned i = tid + __i_i * 512u;

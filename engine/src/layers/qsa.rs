@@ -356,8 +356,9 @@ pub struct QsaScratch {
     pub gate: DeviceBuffer<f32>,
     /// The index queries after norm and RoPE [index_heads, index_dim] f32.
     pub index_q: DeviceBuffer<f32>,
-    /// Block scores [capacity / block_tokens] (their count follows from the position).
+    /// Block scores [capacity / block_tokens] and their count [1].
     pub scores: DeviceBuffer<f32>,
+    pub n_blocks: DeviceBuffer<u32>,
     /// The chosen blocks [top], ascending, and their count [1].
     pub selected: DeviceBuffer<u32>,
     pub count: DeviceBuffer<u32>,
@@ -386,6 +387,7 @@ impl QsaScratch {
             gate: gpu.alloc(shape.attn_dim())?,
             index_q: gpu.alloc(shape.index_heads * shape.index_dim)?,
             scores: gpu.alloc(ctx.capacity / shape.block_tokens)?,
+            n_blocks: gpu.alloc(1)?,
             selected: gpu.alloc(shape.top)?,
             count: gpu.alloc(1)?,
             top_k: gpu.alloc(top_blocks_grid::SCRATCH_WORDS)?,
@@ -665,9 +667,10 @@ struct Addresses {
     ctx: [u64; 2],
     /// k, v, index_keys, block_keys.
     caches: [u64; 4],
-    /// proj, proj_partial, proj_counters, q, gate, index_q, scores, selected, count, top_k,
+    /// proj, proj_partial, proj_counters, q, gate, index_q, scores, n_blocks, selected, count,
+    /// top_k,
     /// partial_acc, partial_ml, o, out_partial, out_counters.
-    s: [u64; 15],
+    s: [u64; 16],
 }
 
 impl QsaLaunches {
@@ -726,6 +729,7 @@ impl QsaLaunches {
                 s.gate.ptr_mut().addr(),
                 s.index_q.ptr_mut().addr(),
                 s.scores.ptr_mut().addr(),
+                s.n_blocks.ptr_mut().addr(),
                 s.selected.ptr_mut().addr(),
                 s.count.ptr_mut().addr(),
                 s.top_k.ptr_mut().addr(),
@@ -765,6 +769,7 @@ impl QsaLaunches {
             gate,
             index_q,
             scores,
+            n_blocks,
             selected,
             count,
             top_k,
@@ -833,6 +838,7 @@ impl QsaLaunches {
                 block_keys: r(block_keys),
                 position: r(position),
                 scores: w(scores),
+                n_blocks: w(n_blocks),
                 heads: u(sh.index_heads),
                 dim: u(sh.index_dim),
                 block_tokens: u(sh.block_tokens),
@@ -841,20 +847,18 @@ impl QsaLaunches {
             },
             top_blocks: qsa_top_blocks::Args {
                 scores: r(scores),
-                position: r(position),
+                n_blocks: r(n_blocks),
                 selected: w(selected),
                 count: w(count),
-                block_tokens: u(sh.block_tokens),
                 capacity: block_capacity,
                 top: u(sh.top),
             },
             top_blocks_grid: qsa_top_blocks_grid::Args {
                 scores: r(scores),
-                position: r(position),
+                n_blocks: r(n_blocks),
                 selected: w(selected),
                 count: w(count),
                 scratch: w(top_k),
-                block_tokens: u(sh.block_tokens),
                 capacity: block_capacity,
                 top: u(sh.top),
             },

@@ -7,10 +7,8 @@ use kernel_macros::kernel;
 /// `selected` [top] in ascending block order, with their number in `count[0]`: exactly
 /// `reference::qsa::top_blocks(&scores[..n], min(top, n))`.
 ///
-/// `n = min((position[0] + 1) / block_tokens, capacity)`, the complete blocks, is read from
-/// device memory (so one captured graph serves every context length), before the grid dependency
-/// wait: no kernel writes the position (the host's copy precedes the step), so after the wait
-/// the dense path has no load to wait for and the select's first loads are the scores'. While `n ≤ top` the selection is every block (the dense path) and the slots
+/// `n = min(n_blocks[0], capacity)` is read from device memory, so one captured graph serves every
+/// context length. While `n ≤ top` the selection is every block (the dense path) and the slots
 /// past `n` hold `u32::MAX`.
 ///
 /// One block. Each score becomes a 32-bit key that orders as `f32::total_cmp` does (sign bit
@@ -27,21 +25,19 @@ use kernel_macros::kernel;
     block = THREADS,
     grid = 1,
     helpers = "src/kernels/helpers/radix.rs",
-    require(capacity % 4 == 0, top >= 1, 2048 % THREADS == 0, block_tokens >= 1),
+    require(capacity % 4 == 0, top >= 1, 2048 % THREADS == 0),
 )]
 pub fn qsa_top_blocks(
     #[tile(default = 512, candidates = [512, 1024])] THREADS: u32,
     scores: &[f32],
-    position: &[u32],
+    n_blocks: &[u32],
     selected: &mut [u32],
     count: &mut [u32],
-    block_tokens: u32,
     capacity: u32,
     top: u32,
 ) {
-    // Launched to overlap its predecessor (programmatic dependent launch): only the position
-    // before the wait.
-    let n = min((load_cg(position, 0) + 1) / block_tokens, capacity);
+    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
+    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
     grid_dependency_wait();
     launch_dependents();
     // Bins per pass (2^11) and the bins each thread scans.
@@ -53,6 +49,7 @@ pub fn qsa_top_blocks(
     let per_thread = 2048 / THREADS;
     let warps = THREADS / 32;
     let tid = thread_idx();
+    let n = min(n_blocks[0], capacity);
 
     if n <= top {
         for i in (tid..top).step_by(THREADS) {

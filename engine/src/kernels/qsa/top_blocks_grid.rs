@@ -21,10 +21,8 @@ pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_COUNTS + MAX_BLOCKS;
 /// `reference::qsa::top_blocks(&scores[..n], min(top, n))`, as [`super::top_blocks::qsa_top_blocks`]
 /// gives it.
 ///
-/// `n = min((position[0] + 1) / block_tokens, capacity)`, the complete blocks, is read from
-/// device memory (so one captured graph serves every context length), before the grid dependency
-/// wait: no kernel writes the position (the host's copy precedes the step), so after the wait
-/// the dense path has no load to wait for and the select's first loads are the scores'. While `n ≤ top` the selection is every block (the dense path) and the slots
+/// `n = min(n_blocks[0], capacity)` is read from device memory, so one captured graph serves every
+/// context length. While `n ≤ top` the selection is every block (the dense path) and the slots
 /// past `n` hold `u32::MAX`; the scratch is not touched then.
 ///
 /// BLOCKS blocks, each a contiguous slice of ⌈n / BLOCKS⌉ scores, each thread a run of at most 8
@@ -63,7 +61,6 @@ pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_COUNTS + MAX_BLOCKS;
     helpers = "src/kernels/helpers/radix.rs",
     require(
         top >= 1,
-        block_tokens >= 1,
         2048 % THREADS == 0,
         128 % BLOCKS == 0,
         capacity <= BLOCKS * THREADS * 8,
@@ -74,17 +71,15 @@ pub fn qsa_top_blocks_grid(
     #[tile(default = 64, candidates = [32, 64, 128])] BLOCKS: u32,
     #[tile(default = 256, candidates = [256, 512])] THREADS: u32,
     scores: &[f32],
-    position: &[u32],
+    n_blocks: &[u32],
     selected: &mut [u32],
     count: &mut [u32],
     scratch: &mut [u32],
-    block_tokens: u32,
     capacity: u32,
     top: u32,
 ) {
-    // Launched to overlap its predecessor (programmatic dependent launch): only the position
-    // before the wait.
-    let n = min((load_cg(position, 0) + 1) / block_tokens, capacity);
+    // Launched to overlap its predecessor (programmatic dependent launch): nothing before the
+    // wait, so only the launch and the block scheduling overlap the predecessor's tail.
     grid_dependency_wait();
     launch_dependents();
     // Bins per pass (2^11): this block's counts, then a copy of the global histogram.
@@ -97,6 +92,7 @@ pub fn qsa_top_blocks_grid(
     let warps = THREADS / 32;
     let tid = thread_idx();
     let block = block_idx();
+    let n = min(n_blocks[0], capacity);
 
     if n <= top {
         for i in (block * THREADS + tid..top).step_by(BLOCKS * THREADS) {

@@ -210,7 +210,7 @@ impl Qsa<'_> {
         for b in [&mut s.scores, &mut s.q, &mut s.gate, &mut s.index_q, &mut s.partial_acc, &mut s.partial_ml] {
             g.fill_bytes(b, 0xff).map_err(err)?;
         }
-        for b in [&mut s.selected, &mut s.count] {
+        for b in [&mut s.selected, &mut s.count, &mut s.n_blocks] {
             g.fill_bytes(b, 0xff).map_err(err)?;
         }
         let l = self.launches(k, 1)?.swap_remove(0);
