@@ -324,13 +324,13 @@ fn gdn_published_shape_with_nvfp4_out_proj_matches_the_reference() {
     let mut rng = Rng::fresh("gdn published nvfp4 out_proj");
     // out_proj's NVFP4 GEMV at the defaults (the row path), at every split of the split path that
     // fits, and at other tiles of the row path (two and four rows a block, the weights loaded
-    // after the wait and before, x read by the lanes instead of the copy engine).
+    // after the wait and before; the step's with x copied by the copy engine, XBULK).
     let base = GdnTiles::default();
     let mut tiles = vec![base];
     let at = |out_proj_nvfp4| GdnTiles { out_proj_nvfp4, ..base };
     let (row_path, split_path) = (engine::kernels::gemv_nvfp4::ROW_PATH, engine::kernels::gemv_nvfp4::SPLIT_PATH);
     let splits = [1, 2, 4, 8].map(|k_split| at(gemv_nvfp4::Tiles { k_split, ..split_path }));
-    let rows = [(2, 0, 1), (4, 0, 1), (4, 8, 1), (2, 8, 0)]
+    let rows = [(2, 0, 0), (4, 0, 0), (4, 8, 0), (2, 8, 1)]
         .map(|(rows, early, xbulk)| at(gemv_nvfp4::Tiles { rows, early, xbulk, ..row_path }));
     for t in splits.into_iter().chain(rows) {
         if t.check_out_proj_nvfp4(PUBLISHED).is_ok() {
