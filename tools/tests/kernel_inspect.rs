@@ -140,10 +140,10 @@ fn the_kernels_given_one_round_of_loads_after_their_wait_keep_it() {
     );
     // The step's tiles where they are not the kernel's defaults; the row path with x by the copy
     // engine (XBULK 1), which the step does not take until a device has measured it.
-    let row_path = engine::kernels::gemv_nvfp4::gemv_nvfp4::Tiles { xbulk: 1, ..engine::kernels::gemv_nvfp4::ROW_PATH };
-    let row_path: Vec<String> =
-        kernel_dsl::TileSet::values(&row_path).into_iter().map(|(name, value)| format!("{name}={value}")).collect();
-    let row_path = row_path.join(" ");
+    let row_path = engine::tuned::tiles_string(&engine::kernels::gemv_nvfp4::gemv_nvfp4::Tiles {
+        xbulk: 1,
+        ..engine::kernels::gemv_nvfp4::ROW_PATH
+    });
     // (kernel, the tiles when not the defaults, the most rounds now, the count before sessions
     // 47 to 49)
     let bounds = [

@@ -118,11 +118,11 @@ pub fn fitting(
 /// XBULK = 1 (the row path; built in session 49 and not yet run on a device, so `ROW_PATH`
 /// keeps 0) has x copied into shared memory by the copy engine: thread 0 issues one bulk copy of
 /// all `cols` values the moment the wait returns, counted by an mbarrier it readied before the
-/// wait, and the lanes read their pieces from there once it has landed. The
-/// lanes' own loads of x (XBULK = 0) came in three dependent round trips after the wait, one a
-/// step (`kernel-inspect --sass`: ptxas issues a step's pieces, uses them, then issues the
-/// next step's, whatever order the source gives), where the copy is one; it costs 12 KB of
-/// shared memory a block at 6,144 columns (512·WARPS·STEPS values).
+/// wait, and the lanes read their pieces from there once it has landed. The lanes' own loads of
+/// x (XBULK = 0) come in three dependent round trips after the wait, one a step
+/// (`kernel-inspect --sass`: ptxas issues a step's pieces, uses them, then issues the next
+/// step's, whatever order the source gives), where the copy is one; it costs 12 KB of shared
+/// memory a block at 6,144 columns (512·WARPS·STEPS values).
 ///
 /// TRIGGER says when the next kernel may launch: 1 (the default, and the first candidate, so that
 /// the autotuner keeps it on a tie) not before this grid ends, 0 once past the wait (on the row
@@ -259,8 +259,7 @@ pub fn gemv_nvfp4(
         grid_dependency_wait();
     }
     if XBULK == 1 && thread_idx() == 0 {
-        // One copy of all of x, issued the moment it is the predecessor's (the lanes' own loads
-        // came in three dependent round trips, one a step, whatever order the source gave them).
+        // One copy of all of x, issued the moment it is the predecessor's (the docs above).
         bulk_load(x_row, 0, x, 0, cols * 2, landed, 0);
         bulk_barrier_arrive(landed, 0);
     }
