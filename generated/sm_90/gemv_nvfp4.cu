@@ -49,14 +49,15 @@
 // launch; behind GDN's state update and QSA's combine it gained nothing and slowed those (their
 // own loads met these), so the default stays 0 and the QSA plan asks for 8.
 //
-// XBULK = 1 (the row path; built in session 49 and not yet run on a device, so `ROW_PATH`
-// keeps 0) has x copied into shared memory by the copy engine: thread 0 issues one bulk copy of
-// all `cols` values the moment the wait returns, counted by an mbarrier it readied before the
-// wait, and the lanes read their pieces from there once it has landed. The lanes' own loads of
-// x (XBULK = 0) come in three dependent round trips after the wait, one a step
-// (`kernel-inspect --sass`: ptxas issues a step's pieces, uses them, then issues the next
-// step's, whatever order the source gives), where the copy is one; it costs 12 KB of shared
-// memory a block at 6,144 columns (512·WARPS·STEPS values).
+// XBULK = 1 (the row path) has x copied into shared memory by the copy engine: thread 0 issues one
+// bulk copy of all `cols` values the moment the wait returns, counted by an mbarrier it readied
+// before the wait, and the lanes read their pieces from there once it has landed. The lanes' own
+// loads of x (XBULK = 0) come in three dependent round trips after the wait, one a step
+// (`kernel-inspect --sass`: ptxas issues a step's pieces, uses them, then issues the next step's,
+// whatever order the source gives), where the copy is one; it costs 12 KB of shared memory a block
+// at 6,144 columns (512·WARPS·STEPS values). Correct, and slower in the H200's step (2026-12-07:
+// +0.7% / +0.5% at 1k / 32k against XBULK = 0; BENCHMARKS.md, gemv_nvfp4 section), so `ROW_PATH`
+// keeps 0 and the autotuner may choose it where round trips cost more.
 //
 // TRIGGER says when the next kernel may launch: 1 (the default, and the first candidate, so that
 // the autotuner keeps it on a tie) not before this grid ends, 0 once past the wait (on the row

@@ -139,7 +139,7 @@ fn the_kernels_given_one_round_of_loads_after_their_wait_keep_it() {
         "no cuobjdump: run the test command (tools/test.sh installs NVIDIA's cuobjdump and nvdisasm wheels into .nvrtc-tools/), or put a CUDA toolkit's bin/ on the PATH"
     );
     // The step's tiles where they are not the kernel's defaults; the row path with x by the copy
-    // engine (XBULK 1), which the step does not take until a device has measured it.
+    // engine (XBULK 1), which the step does not take (slower in the H200's step, session 50).
     let row_path = engine::tuned::tiles_string(&engine::kernels::gemv_nvfp4::gemv_nvfp4::Tiles {
         xbulk: 1,
         ..engine::kernels::gemv_nvfp4::ROW_PATH
