@@ -25,7 +25,8 @@
 //! `autotune --pin` writes them) times the first variant at the defaults and at each table's
 //! tiles, in turn, `FLASHNEXT_STEP_ROUNDS` times (default 1; rounds alternate the tile sets, so a
 //! drift of the device shows as a spread, not as a difference), and a last line a table and
-//! context compares the means.
+//! context compares the means. Each tile set makes its own model (the tiles choose the device
+//! weights' layouts), but the PLE table in host memory is made once and kept from model to model.
 //!
 //! A filter argument names the one variant to run (`step --bench nvfp4`: the NVFP4 step only).
 //!
@@ -160,6 +161,9 @@ fn main() {
     let first_variant = variants[0].0;
     let mut rec = Recorder::new(&gpu, "step", None);
     let mut gpu = Some(gpu);
+    // The PLE table of the last model (30.7 GB of pinned host memory, filled on the CPU: most of
+    // a model's making), kept for the next, whose tiles change only the device weights' layouts.
+    let mut kept_table: Option<engine::step::SyntheticPleTable> = None;
     // (variant, tiles, context) → ms/token on the device.
     let mut results: Vec<(&str, String, usize, f64)> = Vec::new();
     for &(variant, formats, ref source) in &runs {
@@ -169,7 +173,8 @@ fn main() {
         let tiles = source.name();
         let name = format!("{variant} ({tiles})");
         let t0 = Instant::now();
-        let model = ModelOnDevice::synthetic(&g, &cfg, &plan, 1, &mut |what, done, total| {
+        let kept = kept_table.take().filter(|t| t.format() == formats.ple_table);
+        let model = ModelOnDevice::synthetic_with(&g, &cfg, &plan, 1, kept, &mut |what, done, total| {
             if done == total {
                 eprintln!("  {what}: {done}/{total}");
             }
@@ -241,7 +246,8 @@ fn main() {
             let what = Sample::median(group, stage.name(), Unit::Token, *t);
             rec.record_quietly(what.notes(format!("{n} groups, events between groups")));
         }
-        let mut g = e.into_gpu();
+        let (mut g, table) = e.into_gpu_and_ple_table();
+        kept_table = table;
         if g.traced() {
             // The next tile set's model and captures start from an empty arena.
             g.trace_forget().expect("trace forget");

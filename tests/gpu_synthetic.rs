@@ -3,7 +3,8 @@
 //! with the CPU fill it must equal (bf16 and f32 values, NVFP4 codes, block scales, global
 //! scales, the PLE table's rows in host memory), every block scale positive and finite, every
 //! value in its range. Then the time to make one layer's MoE block at the published shape (and
-//! the published PLE table on the host, when asked), in bytes/s.
+//! the published PLE table on the host, when asked), in bytes/s. A model's PLE table kept for the
+//! next model of its seed (the step bench's tile sets) gives the logits a table of its own would.
 
 use engine::cuda::{DeviceBuffer, Gpu};
 use engine::layers::lm_head::{LmHeadTiles, LmHeadWeights};
@@ -316,6 +317,60 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
         let want_scale = if nvfp4 { nvfp4_scale_2(1.0) } else { 1.0 };
         assert!(header.scale_2.iter().all(|&s| s == want_scale));
         println!("nvfp4 {nvfp4}: every part matches; PLE table {} rows of {} bytes", header.rows, header.row_bytes());
+    }
+}
+
+/// A synthetic model's PLE table taken from its engine and given to the next model of the same
+/// config and seed (what the step bench does between tile sets) reads as the table that model
+/// would have made: twelve greedy steps of the tiny-step model (PLE on its layers) give the same
+/// logits, bit for bit, as a model that made its own, in both formats. A table offered for
+/// another seed is refused, naming both seeds.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_kept_ple_table_makes_the_model_a_fresh_one_would() {
+    use engine::step::{Engine, ModelOnDevice, StepPlan, SyntheticPleTable};
+    let mut gpu = Some(flashnext::gpu::open());
+    let cfg = tiny_step();
+    assert!(!cfg.ple_layers.is_empty(), "tiny-step has PLE layers");
+    let seed = Rng::fresh("kept PLE table").next_u64();
+    let first = (Rng::fresh("kept PLE table, first token").next_u64() % cfg.vocab_size as u64) as u32;
+    for nvfp4 in [false, true] {
+        let plan = StepPlan::new(&cfg, Formats::all(nvfp4), 64).expect("plan");
+        // A model of `seed` (with `kept` for its table), its logits at each of 12 greedy steps,
+        // then the device and the table back.
+        let mut run = |kept: Option<SyntheticPleTable>| {
+            let g = gpu.take().expect("the device");
+            let mut filled = false;
+            let reused = kept.is_some();
+            let model = ModelOnDevice::synthetic_with(&g, &cfg, &plan, seed, kept, &mut |what, _, _| {
+                filled |= what.starts_with("PLE table: filling");
+            })
+            .expect("model");
+            assert_eq!(filled, !reused, "the table is filled only when none is kept");
+            let mut e = Engine::new(g, plan.clone(), model).expect("engine");
+            let mut token = first;
+            let mut logits = Vec::new();
+            for _ in 0..12 {
+                token = e.step(token).expect("step");
+                logits.push(e.logits().expect("logits"));
+            }
+            let (g, table) = e.into_gpu_and_ple_table();
+            gpu = Some(g);
+            (logits, table.expect("a synthetic model's table comes back"))
+        };
+        let (fresh, table) = run(None);
+        assert_eq!(table.format(), plan.formats.ple_table);
+        let (kept, table) = run(Some(table));
+        for (p, (a, b)) in fresh.iter().zip(&kept).enumerate() {
+            let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "nvfp4 {nvfp4}: position {p}'s logits differ with the kept table");
+        }
+        let g = gpu.as_ref().expect("the device");
+        let err = ModelOnDevice::synthetic_with(g, &cfg, &plan, seed ^ 1, Some(table), &mut |_, _, _| {})
+            .expect_err("a table of another seed is refused")
+            .to_string();
+        assert!(err.contains(&format!("seed {seed}")) && err.contains(&format!("seed {}", seed ^ 1)), "{err}");
+        println!("nvfp4 {nvfp4}: 12 steps' logits identical with the kept table; another seed refused: {err}");
     }
 }
 

@@ -17,7 +17,7 @@ use half::bf16;
 use kernel_dsl::{DevPtr, DevPtrMut, TileSet};
 
 use super::plan::StepPlan;
-use super::weights::{MixerOnDevice, ModelOnDevice};
+use super::weights::{MixerOnDevice, ModelOnDevice, SyntheticPleTable};
 use crate::cuda::{DeviceBuffer, Gpu, Graph, LoadedKernel, MappedHostBuffer, SideStream};
 use crate::error::{Error, Result};
 use crate::kernels::embed::embed_streams;
@@ -389,6 +389,17 @@ impl Engine {
         // The frees are enqueued on the stream: wait for them, so the next load sees the memory.
         gpu.synchronize().ok();
         gpu
+    }
+
+    /// [`Engine::into_gpu`], keeping a synthetic model's PLE table for the next synthetic model
+    /// of the same config and seed ([`ModelOnDevice::synthetic_with`]): the step bench's tile
+    /// sets each make their model, but the table once.
+    pub fn into_gpu_and_ple_table(mut self) -> (Gpu, Option<SyntheticPleTable>) {
+        // Nothing in flight reads the rows once the stream is idle; the launches that would are
+        // freed with the engine.
+        self.gpu.synchronize().ok();
+        let table = self.model.take_synthetic_ple_table();
+        (self.into_gpu(), table)
     }
 
     pub fn plan(&self) -> &StepPlan {

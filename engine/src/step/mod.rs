@@ -8,4 +8,4 @@ pub mod weights;
 
 pub use engine::{Engine, Profile, Stage};
 pub use plan::{Formats, StepPlan};
-pub use weights::ModelOnDevice;
+pub use weights::{ModelOnDevice, SyntheticPleTable};

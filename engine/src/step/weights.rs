@@ -27,6 +27,7 @@ use crate::layers::qsa::QsaWeightsOnDevice;
 use crate::model::config::ModelConfig;
 use crate::model::ngram_hash::NgramHash;
 use crate::model::nvfp4::Nvfp4Matrix;
+use crate::model::ple_table::{RowFormat, TableHeader};
 use crate::model::weights::{Linear, MixWeights, MixerWeights, ModelWeights, names};
 use crate::synthetic;
 
@@ -74,6 +75,55 @@ pub struct PleOnDevice {
     /// One per PLE layer, in layer order.
     pub hashes: Vec<NgramHash>,
     pub table: PleTable,
+    /// The seed the rows were made from, for a synthetic model's table
+    /// ([`ModelOnDevice::synthetic`]); None for a checkpoint's.
+    pub synthetic_seed: Option<u64>,
+}
+
+/// A synthetic model's PLE table taken from its model ([`ModelOnDevice::take_synthetic_ple_table`]),
+/// for the next synthetic model of the same config, row format and seed
+/// ([`ModelOnDevice::synthetic_with`]). Its rows depend on neither the tiles nor the device
+/// weights, and at the published size they are 30.7 GB of pinned host memory, filled on the CPU:
+/// most of the time a synthetic model takes to make. A bench that times the step at several tile
+/// sets (each its own model, since the tiles choose the device weights' layouts) makes them once.
+#[derive(Debug)]
+pub struct SyntheticPleTable {
+    seed: u64,
+    rows: PleTableOnHost,
+}
+
+impl SyntheticPleTable {
+    /// The row format it was made in.
+    pub fn format(&self) -> RowFormat {
+        self.rows.header().format
+    }
+
+    /// Ok when its rows are the ones [`ModelOnDevice::synthetic`] makes for `cfg` in `format`
+    /// from `seed`: the same seed, and a header of the same format, row width, layers, rows and
+    /// hashes as the config's.
+    fn fits(&self, cfg: &ModelConfig, format: RowFormat, seed: u64) -> Result<()> {
+        let want = TableHeader::for_config(cfg, format).map_err(|e| Error::Buffer(e.to_string()))?;
+        let got = self.rows.header();
+        let shape = |h: &TableHeader| (h.format, h.width, h.layers, h.rows, h.hash_fingerprint);
+        if self.seed != seed || shape(got) != shape(&want) {
+            return Err(Error::Buffer(format!(
+                "the kept PLE table was made from seed {} as {:?} rows of {} values over {} layers ({} rows, hashes \
+                 {:#x}); this model is seed {seed}, {:?} rows of {} values over {} layers ({} rows, hashes {:#x})",
+                self.seed,
+                got.format,
+                got.width,
+                got.layers,
+                got.rows,
+                got.hash_fingerprint,
+                want.format,
+                want.width,
+                want.layers,
+                want.rows,
+                want.hash_fingerprint
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Every weight of the step on the device.
@@ -237,6 +287,21 @@ impl ModelOnDevice {
         seed: u64,
         progress: &mut dyn FnMut(&str, usize, usize),
     ) -> Result<ModelOnDevice> {
+        ModelOnDevice::synthetic_with(gpu, cfg, plan, seed, None, progress)
+    }
+
+    /// [`ModelOnDevice::synthetic`], with the PLE table of an earlier synthetic model in place of
+    /// a new one when `kept` is Some. It must have been made for this config, the plan's row
+    /// format and `seed` (the rows it would make are then the ones it holds); else an error says
+    /// which differs, and nothing is allocated.
+    pub fn synthetic_with(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        plan: &StepPlan,
+        seed: u64,
+        kept: Option<SyntheticPleTable>,
+        progress: &mut dyn FnMut(&str, usize, usize),
+    ) -> Result<ModelOnDevice> {
         let f = plan.formats;
         let bytes = synthetic::synthetic_weight_bytes(cfg, &f)?;
         let (free, _) = gpu.memory()?;
@@ -256,6 +321,9 @@ impl ModelOnDevice {
                 Error::Buffer(format!("the GPU kernels cannot run this model's PLE table in {:?}: {e}", f.ple_table))
             })?;
         }
+        if let Some(k) = &kept {
+            k.fits(cfg, f.ple_table, seed)?;
+        }
         let mut layers = synthetic::layers(gpu, cfg, &f, seed, progress)?;
         if let Some((_, tiles)) = &plan.gdn {
             synthetic::gdn_in_proj_to_layout(gpu, &mut layers, tiles.in_proj_layout(gpu.arch()))?;
@@ -263,9 +331,15 @@ impl ModelOnDevice {
         let ple = if cfg.ple_layers.is_empty() {
             None
         } else {
-            let table = synthetic::ple_table(gpu, cfg, f.ple_table, synthetic::model_part_seed(seed, 3), progress)?;
+            let table = match kept {
+                Some(k) => {
+                    progress("PLE table: kept from the last model", 1, 1);
+                    k.rows
+                }
+                None => synthetic::ple_table(gpu, cfg, f.ple_table, synthetic::model_part_seed(seed, 3), progress)?,
+            };
             let hashes = cfg.ple_layers.iter().enumerate().map(|(i, _)| NgramHash::new(cfg, i)).collect();
-            Some(PleOnDevice { hashes, table: PleTable::File(table) })
+            Some(PleOnDevice { hashes, table: PleTable::File(table), synthetic_seed: Some(seed) })
         };
         let (vocab, d) = (cfg.vocab_size, cfg.hidden_size);
         Ok(ModelOnDevice {
@@ -283,6 +357,22 @@ impl ModelOnDevice {
             )?,
             ple,
         })
+    }
+
+    /// The PLE table of a synthetic model, taken out for the next one
+    /// ([`ModelOnDevice::synthetic_with`]); None, leaving the model as it was, for a checkpoint's
+    /// table or a model without PLE layers. The model's PLE layers then have no rows to read: take
+    /// it only from a model about to be freed ([`crate::step::Engine::into_gpu_and_ple_table`]).
+    pub fn take_synthetic_ple_table(&mut self) -> Option<SyntheticPleTable> {
+        match self.ple.take() {
+            Some(PleOnDevice { table: PleTable::File(rows), synthetic_seed: Some(seed), .. }) => {
+                Some(SyntheticPleTable { seed, rows })
+            }
+            other => {
+                self.ple = other;
+                None
+            }
+        }
     }
 
     /// Uploads `w` as `plan` says, calling `progress(done, total)` after each layer.
@@ -389,6 +479,7 @@ impl ModelOnDevice {
             Some(PleOnDevice {
                 hashes: ple_weights.iter().map(|p| p.hash.clone()).collect(),
                 table: PleTable::Mapped(table),
+                synthetic_seed: None,
             })
         };
         let lm_head = if f.lm_head {
