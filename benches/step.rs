@@ -22,11 +22,12 @@
 //! line compares their ms/token (`FLASHNEXT_STEP_VARIANTS=all`: both variants, twice each).
 //!
 //! Tables against the defaults in one run: `FLASHNEXT_STEP_TABLES=a.json,b.json` (table files, as
-//! `autotune --pin` writes them) times the first variant at the defaults and at each table's
-//! tiles, in turn, `FLASHNEXT_STEP_ROUNDS` times (default 1; rounds alternate the tile sets, so a
-//! drift of the device shows as a spread, not as a difference), and a last line a table and
-//! context compares the means. Each tile set makes its own model (the tiles choose the device
-//! weights' layouts), but the PLE table in host memory is made once and kept from model to model.
+//! `autotune --pin` writes them, or folders of them, as `autotune --neighbours` writes them) times
+//! the first variant at the defaults and at each table's tiles, in turn, `FLASHNEXT_STEP_ROUNDS`
+//! times (default 1; rounds alternate the tile sets, so a drift of the device shows as a spread,
+//! not as a difference), and a last line a table and context compares the means. Each tile set
+//! makes its own model (the tiles choose the device weights' layouts), but the PLE table in host
+//! memory is made once and kept from model to model.
 //!
 //! A filter argument names the one variant to run (`step --bench nvfp4`: the NVFP4 step only).
 //!
@@ -112,12 +113,28 @@ impl TileSource {
     }
 }
 
+/// A table file named in `FLASHNEXT_STEP_TABLES`, or a folder's tables (`autotune --neighbours`
+/// writes one a neighbour) in name order.
+fn tables_at(path: PathBuf) -> Vec<PathBuf> {
+    if !path.is_dir() {
+        return vec![path];
+    }
+    let read = std::fs::read_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut files: Vec<PathBuf> = read
+        .map(|f| f.unwrap_or_else(|e| panic!("{}: {e}", path.display())).path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "{}: no .json table in the folder", path.display());
+    files
+}
+
 fn main() {
     // criterion's harness flags (`--bench`) are accepted and ignored; a filter picks a variant.
     let gpu = flashnext::gpu::open();
     let cfg = ModelConfig::published();
     let tables: Vec<PathBuf> = std::env::var("FLASHNEXT_STEP_TABLES")
-        .map(|v| v.split(',').filter(|p| !p.is_empty()).map(PathBuf::from).collect())
+        .map(|v| v.split(',').filter(|p| !p.is_empty()).flat_map(|p| tables_at(PathBuf::from(p))).collect())
         .unwrap_or_default();
     let rounds: usize = std::env::var("FLASHNEXT_STEP_ROUNDS").map_or(1, |v| v.parse().expect("FLASHNEXT_STEP_ROUNDS"));
     let compare =

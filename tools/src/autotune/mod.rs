@@ -6,6 +6,7 @@
 //! each checked against the CPU reference before it may win ([`harness`]).
 
 pub mod harness;
+pub mod neighbours;
 pub mod pin;
 
 use std::collections::HashMap;

@@ -10,6 +10,7 @@ use engine::model::config::ModelConfig;
 use engine::step::{Formats, StepPlan};
 use engine::tuned::{Table, Unit, device_slug};
 use kernel_dsl::Arch;
+use tools::autotune::neighbours;
 use tools::autotune::pin::{self, KnobName, Pin};
 use tools::autotune::{self, Target};
 
@@ -53,6 +54,13 @@ use tools::autotune::{self, Target};
 /// pinned.json` (the tiles a pin does not name stay at the plan's), then on that device
 /// `FLASHNEXT_STEP_TABLES=pinned.json cargo bench --bench step -- nvfp4`, which times the defaults
 /// and the pinned tiles in turn.
+///
+/// Neighbours (`--neighbours DIR`, no GPU needed): every one-tile neighbour of the NVFP4 plan's
+/// tiles (one tile of one knob moved to another declared value that fits the shape and compiles
+/// clean, the tiles the harnesses hold included), each a pinned table in DIR, for timing them
+/// all in the step in one run: `autotune --neighbours nb --only moe,mix --device "NVIDIA H200"
+/// --arch sm_90 --sms 132 --smem 232448`, then `FLASHNEXT_STEP_TABLES=nb FLASHNEXT_STEP_ROUNDS=2
+/// cargo bench --bench step -- nvfp4`.
 #[derive(Debug, Parser)]
 #[command(name = "autotune")]
 struct Args {
@@ -98,6 +106,11 @@ struct Args {
     /// --device, --arch and --sms; nothing is timed and no GPU is needed.
     #[arg(long)]
     pin: Vec<Pin>,
+    /// Write every one-tile neighbour of the NVFP4 plan's tiles as a pinned table into this
+    /// folder (for --device, --arch, --sms and --smem; --only picks families); nothing is timed
+    /// and no GPU is needed.
+    #[arg(long, conflicts_with_all = ["pin", "untimed"])]
+    neighbours: Option<PathBuf>,
 }
 
 fn main() {
@@ -121,6 +134,11 @@ fn run(a: Args) -> Result<(), String> {
         return run_pinned(&a, &cfg);
     }
     let wanted = |f: &str| a.only.is_empty() || a.only.iter().any(|o| o == f);
+    if let Some(dir) = &a.neighbours {
+        let target =
+            Target { arch: a.arch, sms: a.sms, smem: a.smem, threads, cache: CompileCache::new(cache::default_dir()) };
+        return run_neighbours(&a, &cfg, dir, &target, &wanted);
+    }
     let deadline = Instant::now() + Duration::from_secs(a.budget_secs);
     let gpu = if a.untimed { None } else { Some(engine::cuda::Gpu::open(0).map_err(|e| e.to_string())?) };
     let (device, arch, sms, smem) = match &gpu {
@@ -258,6 +276,61 @@ fn run_pinned(a: &Args, cfg: &ModelConfig) -> Result<(), String> {
     }
     table.write(&out).map_err(|e| e.to_string())?;
     eprintln!("autotune: {} pinned entries for {} {} in {}", table.entries.len(), a.device, a.arch, out.display());
+    Ok(())
+}
+
+/// `--neighbours DIR`: each one-tile neighbour of the NVFP4 plan's units (the families wanted) as
+/// a pinned table of its own in `dir`.
+fn run_neighbours(
+    a: &Args,
+    cfg: &ModelConfig,
+    dir: &std::path::Path,
+    target: &Target,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<(), String> {
+    let plan = StepPlan::new(cfg, Formats::NVFP4, a.context).map_err(|e| e.to_string())?;
+    let u = plan.units(a.sms);
+    let mut all = Vec::new();
+    if wanted("moe") {
+        all.extend(neighbours::neighbours(&u.moe, plan.moe_tiles, target));
+    }
+    if wanted("mix") {
+        all.extend(neighbours::neighbours(&u.mix, plan.mix_tiles, target));
+    }
+    if let (Some(unit), Some((_, tiles))) = (&u.gdn, plan.gdn)
+        && wanted("gdn")
+    {
+        all.extend(neighbours::neighbours(unit, tiles, target));
+    }
+    if let (Some(unit), Some((_, tiles))) = (&u.qsa, plan.qsa)
+        && wanted("qsa")
+    {
+        all.extend(neighbours::neighbours(unit, tiles, target));
+    }
+    if let (Some(unit), Some((_, tiles))) = (&u.ple, plan.ple)
+        && wanted("ple")
+    {
+        all.extend(neighbours::neighbours(unit, tiles, target));
+    }
+    if wanted("lm_head") {
+        all.extend(neighbours::neighbours(&u.lm_head, plan.lm_head_tiles, target));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for n in &all {
+        let table = Table {
+            device: a.device.clone(),
+            arch: a.arch.to_string(),
+            sms: a.sms,
+            smem_per_block: a.smem,
+            untimed: true,
+            rule: neighbours::NEIGHBOUR_RULE.into(),
+            entries: vec![n.entry.clone()],
+        };
+        let path = dir.join(n.file_name());
+        table.write(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("{}", path.display());
+    }
+    eprintln!("autotune: {} one-tile neighbours for {} {} in {}", all.len(), a.device, a.arch, dir.display());
     Ok(())
 }
 
