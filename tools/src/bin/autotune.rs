@@ -107,8 +107,8 @@ struct Args {
     #[arg(long)]
     pin: Vec<Pin>,
     /// Write every one-tile neighbour of the NVFP4 plan's tiles as a pinned table into this
-    /// folder (for --device, --arch, --sms and --smem; --only picks families); nothing is timed
-    /// and no GPU is needed.
+    /// folder, new or empty (for --device, --arch, --sms and --smem; --only picks families);
+    /// nothing is timed and no GPU is needed.
     #[arg(long, conflicts_with_all = ["pin", "untimed"])]
     neighbours: Option<PathBuf>,
 }
@@ -288,6 +288,17 @@ fn run_neighbours(
     target: &Target,
     wanted: &dyn Fn(&str) -> bool,
 ) -> Result<(), String> {
+    // The step bench times every table in the folder: one left from another plan would be timed
+    // as a neighbour of this one.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let old = entries.filter_map(|e| e.ok()).filter(|e| e.path().extension().is_some_and(|x| x == "json")).count();
+        if old > 0 {
+            return Err(format!(
+                "--neighbours {}: the folder holds {old} tables already; name a new or empty one",
+                dir.display()
+            ));
+        }
+    }
     let plan = StepPlan::new(cfg, Formats::NVFP4, a.context).map_err(|e| e.to_string())?;
     let u = plan.units(a.sms);
     let mut all = Vec::new();
