@@ -130,8 +130,8 @@ fn sass_maps_the_loads_or_says_how_to_get_cuobjdump() {
 /// (BENCHMARKS.md, step section: the step 1.5% and 0.5% faster in sessions 47 and 48). The
 /// static count on sm_90, at the defaults or the tiles named beside the bound (every path of the
 /// listing, so a branch's paths add up), may not grow back: an edit that splits a batch of loads
-/// again fails here. The counts before the change are beside each bound. Needs cuobjdump and nvdisasm, which the test
-/// command installs (tools/test.sh, into .nvrtc-tools/).
+/// again fails here. The counts before the change are beside each bound. Needs cuobjdump and
+/// nvdisasm, which the test command installs (tools/test.sh, into .nvrtc-tools/).
 #[test]
 fn the_kernels_given_one_round_of_loads_after_their_wait_keep_it() {
     assert!(

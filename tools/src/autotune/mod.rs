@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use engine::cuda::cache::CompileCache;
-use engine::tuned::{Candidate, Entry, Table, Unit};
+use engine::tuned::{Candidate, Entry, Knob, Table, Unit};
 use kernel_dsl::{Arch, Kernel};
 
 /// What the search knows of the target.
@@ -115,6 +115,23 @@ fn tile_value<'a>(tiles: &'a str, name: &str) -> Option<&'a str> {
 /// Every knob's settings, each set into `start`: the held tiles ([`held_change`]), the shape checks,
 /// then the compiles. `result[knob][choice]`.
 pub fn enumerate<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -> Vec<Vec<Compiled>> {
+    enumerate_where(unit, start, target, &|k, current, choice| match held_change(k.chosen_in_step, current, choice) {
+        Some(tile) => Err(format!("pruned: held: {tile} is chosen in the step, not by this unit's timing")),
+        None => Ok(()),
+    })
+}
+
+/// A first rule over a knob's choices ([`enumerate_where`]): Ok passes one on, Err is its verdict.
+pub type Admit<S> = dyn Fn(&Knob<S>, &str, &str) -> Result<(), String>;
+
+/// [`enumerate`] with its own first rule: `admit(knob, the knob's setting in start, choice)`
+/// passes a choice on to the shape checks and the compile, or gives the verdict it stands at.
+pub fn enumerate_where<S: Copy + 'static>(
+    unit: &Unit<S>,
+    start: S,
+    target: &Target,
+    admit: &Admit<S>,
+) -> Vec<Vec<Compiled>> {
     let mut kernels = Vec::new();
     // (knob, choice) → index into `kernels`, or the shape's verdict.
     let mut slots: Vec<Vec<Result<Option<usize>, String>>> = Vec::new();
@@ -124,8 +141,8 @@ pub fn enumerate<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -
         for c in &k.choices {
             let mut t = start;
             k.set(&mut t, c);
-            if let Some(tile) = held_change(k.chosen_in_step, &current, c) {
-                row.push(Err(format!("pruned: held: {tile} is chosen in the step, not by this unit's timing")));
+            if let Err(verdict) = admit(k, &current, c) {
+                row.push(Err(verdict));
                 continue;
             }
             let slot = match k.fits(&t).and_then(|()| unit.valid(&t)) {

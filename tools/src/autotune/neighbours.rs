@@ -7,11 +7,9 @@
 //! winners lost in the step in session 20, and the tiles marked `step` it holds at the plan's
 //! value); the step can, and a one-tile change says which tile did it.
 
-use std::time::Instant;
-
 use engine::tuned::{Entry, Unit};
 
-use super::{Target, compile_all};
+use super::{Target, enumerate_where};
 
 /// The rule a neighbour's table carries.
 pub const NEIGHBOUR_RULE: &str = "a one-tile neighbour of the plan (autotune --neighbours), not tuned: the plan's tiles \
@@ -57,66 +55,48 @@ pub fn one_tile_change(from: &str, to: &str) -> Option<(String, String)> {
 }
 
 /// Every one-tile neighbour of `start` (the plan's tiles) in `unit` that fits its shape and
-/// compiles clean for `target`, in knob and declaration order; those refused are counted by
-/// reason on stderr. Tiles the harnesses hold (`#[tile(..., step)]`) are neighbours here too: the
-/// step is where they are judged.
+/// compiles clean for `target`, in knob and declaration order ([`enumerate_where`]: the other
+/// choices are left out before the shape checks and the compiles). Tiles the harnesses hold
+/// (`#[tile(..., step)]`) are neighbours here too: the step is where they are judged.
 pub fn neighbours<S: Copy + 'static>(unit: &Unit<S>, start: S, target: &Target) -> Vec<Neighbour> {
-    // (knob, tile, value, tiles) of each neighbour that fits, and its kernel's index if it has one.
-    let mut fits: Vec<(usize, String, String, S, Option<usize>)> = Vec::new();
-    let mut kernels = Vec::new();
+    const NOT_ONE: &str = "not a one-tile neighbour";
+    let compiled = enumerate_where(unit, start, target, &|_, current, choice| match one_tile_change(current, choice) {
+        Some(_) => Ok(()),
+        None => Err(NOT_ONE.into()),
+    });
+    let mut out = Vec::new();
     let mut refused = 0;
-    for (ki, k) in unit.knobs.iter().enumerate() {
+    for (k, row) in unit.knobs.iter().zip(compiled) {
         let current = k.get(&start);
-        for c in &k.choices {
-            let Some((tile, value)) = one_tile_change(&current, c) else { continue };
-            let mut t = start;
-            if !k.set(&mut t, c) || k.fits(&t).and_then(|()| unit.valid(&t)).is_err() {
+        for (choice, c) in k.choices.iter().zip(row) {
+            let Some((tile, value)) = one_tile_change(&current, choice) else { continue };
+            if c.pruned.is_some() {
                 refused += 1;
                 continue;
             }
-            let slot = match k.specialize(&t, target.arch) {
-                None => None,
-                Some(Err(_)) => {
-                    refused += 1;
-                    continue;
-                }
-                Some(Ok(kernel)) => {
-                    kernels.push(kernel);
-                    Some(kernels.len() - 1)
-                }
-            };
-            fits.push((ki, tile, value, t, slot));
+            let mut t = start;
+            k.set(&mut t, choice);
+            out.push(Neighbour {
+                knob: k.name,
+                tile,
+                value,
+                entry: Entry {
+                    family: unit.family.into(),
+                    format: unit.format.into(),
+                    shape: unit.shape.clone(),
+                    winner: unit.choices(&t, target.arch),
+                    us_per_layer: None,
+                    default_us_per_layer: None,
+                    candidates: Vec::new(),
+                },
+            });
         }
     }
-    let t0 = Instant::now();
-    let compiled = compile_all(target, kernels);
-    let out: Vec<Neighbour> = fits
-        .into_iter()
-        .filter(|(.., slot)| slot.is_none_or(|i| compiled[i].pruned.is_none()))
-        .map(|(ki, tile, value, t, _)| Neighbour {
-            knob: unit.knobs[ki].name,
-            tile,
-            value,
-            entry: Entry {
-                family: unit.family.into(),
-                format: unit.format.into(),
-                shape: unit.shape.clone(),
-                winner: unit.choices(&t, target.arch),
-                us_per_layer: None,
-                default_us_per_layer: None,
-                candidates: Vec::new(),
-            },
-        })
-        .collect();
-    let pruned = compiled.iter().filter(|c| c.pruned.is_some()).count();
     eprintln!(
-        "[{} {}] {} one-tile neighbours ({refused} refused by the shape, {pruned} by the compiled resources; {} \
-         kernels compiled or found in the cache in {:.1} s)",
+        "[{} {}] {} one-tile neighbours ({refused} refused by the shape or the compiled resources)",
         unit.family,
         unit.format,
-        out.len(),
-        compiled.len(),
-        t0.elapsed().as_secs_f64()
+        out.len()
     );
     out
 }
