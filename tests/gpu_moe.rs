@@ -250,6 +250,16 @@ fn router_variants(shape: MoeShape) -> Vec<MoeTiles> {
     v
 }
 
+/// The defaults, and the down kernel's one-off candidates that fit `shape`: at the published
+/// shape its 440 tasks take several rounds of the block's threads (`STAGE_H`'s copy of h).
+fn down_variants(shape: MoeShape) -> Vec<MoeTiles> {
+    let base = MoeTiles::default();
+    let mut v = vec![base];
+    v.extend(one_off().into_iter().map(|t| MoeTiles { down_nvfp4: t, ..base }));
+    v.retain(|t| t.check(shape).is_ok());
+    v
+}
+
 /// The defaults, and for each kernel every candidate that differs from its default in one tile,
 /// among those that fit `shape`.
 fn tile_variants(shape: MoeShape) -> Vec<MoeTiles> {
@@ -286,9 +296,11 @@ fn moe_nvfp4_matches_the_reference() {
     let tiny = tile_variants(TINY);
     println!("tiny shape: {} tile sets", tiny.len());
     nvfp4_case(&gpu, &mut rng, TINY, &tiny, Logits::Random);
-    // The router's variants at the published shape too, and with tied logits (the lower expert
-    // first) at both shapes.
-    let published = router_variants(PUBLISHED);
+    // The router's and the down kernel's variants at the published shape too, and with tied
+    // logits (the lower expert first) at both shapes.
+    let mut published = router_variants(PUBLISHED);
+    published.extend(down_variants(PUBLISHED).into_iter().skip(1));
+    println!("published shape: {} tile sets", published.len());
     nvfp4_case(&gpu, &mut rng, PUBLISHED, &published, Logits::Random);
     let (tiny_paths, published_paths) = (gate_up_paths(TINY), gate_up_paths(PUBLISHED));
     println!(
