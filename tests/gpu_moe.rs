@@ -250,8 +250,8 @@ fn router_variants(shape: MoeShape) -> Vec<MoeTiles> {
     v
 }
 
-/// The defaults, and the down kernel's one-off candidates that fit `shape`: at the published
-/// shape its 440 tasks take several rounds of the block's threads (`STAGE_H`'s copy of h).
+/// The defaults, and the down kernel's one-off candidates that fit `shape` (the published
+/// shape's 440 tasks fill 14 of a lane's 16 batch slots, where the tiny shape's fill one).
 fn down_variants(shape: MoeShape) -> Vec<MoeTiles> {
     let base = MoeTiles::default();
     let mut v = vec![base];

@@ -51,6 +51,12 @@ use kernel_macros::kernel;
 /// blocks an SM, the 320 blocks in one wave. With one row a warp and no bound it takes 85 and
 /// moves the codes' loads after the wait, next to their uses; a bound of 4 blocks (126
 /// registers) keeps them ahead.
+///
+/// h comes after the wait in about ten round trips to L2, interleaved by ptxas with the products
+/// (sm_90 SASS, `kernel-inspect --sass`). Tried and not kept: the block copying every task's
+/// int8 h and scale into shared memory first (one round trip and a barrier; 165 registers as
+/// now) made the step 0.6% / 0.8% slower at 1k / 32k (one NVIDIA H100, 2026-12-07; BENCHMARKS.md,
+/// MoE section): the products overlap those rounds, the barrier holds every warp for the last.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(hidden, WARPS * ROWS),
@@ -64,8 +70,6 @@ use kernel_macros::kernel;
         top_k * (inter / 16) + shared_inter / 16 <= 32 * BATCH,
         h_stride % 16 == 0,
         hidden % (WARPS * ROWS) == 0,
-        STAGE_H == 0 || I8,
-        STAGE_H == 0 || BATCH % WARPS == 0,
     ),
 )]
 pub fn moe_down_nvfp4(
@@ -75,7 +79,6 @@ pub fn moe_down_nvfp4(
     #[tile(default = 0, candidates = [0, 2, 4, 6])] MIN_BLOCKS: u32,
     #[tile(default = true, candidates = [false, true])] I8: bool,
     #[tile(default = 0, candidates = [0, 1], step)] TRIGGER: u32,
-    #[tile(default = 0, candidates = [0, 1])] STAGE_H: u32,
     h_staged: &[u32x4],
     h_scale: &[f32],
     ids: &[u32],
@@ -126,8 +129,7 @@ pub fn moe_down_nvfp4(
         let k = min(t / routed_chunks, top_k);
         let chunk = t - k * routed_chunks;
         let cols = if k < top_k { inter } else { shared_inter };
-        // STAGE_H: the task's place in the block's copy of h; otherwise its chunk of h.
-        at[j] = if STAGE_H == 1 { t } else { k * (h_stride / 16) + chunk };
+        at[j] = k * (h_stride / 16) + chunk;
         factor[j] = if lane_id() + 32 * j < tasks { slot_factor[k] } else { 0.0 };
         #[unroll]
         for r in 0..ROWS {
@@ -140,45 +142,14 @@ pub fn moe_down_nvfp4(
     if TRIGGER == 0 {
         launch_dependents();
     }
-    // h in int8 after its f16 pairs (I8); the sums are short by 2·127 (put back below).
-    let h_i8 = (top_k + 1) * (h_stride / 8);
-    // STAGE_H: the block copies the int8 h of every task and its scale into shared memory, each
-    // thread's loads all issued before its first store (unconditional: past the end a thread
-    // reloads the last task and does not store it), so one round trip to L2 and one barrier,
-    // where the lanes' own loads of h come in about ten rounds interleaved with their products
-    // (sm_90 SASS, default tiles).
-    let h_task = shared::<u32x4, { if STAGE_H == 1 { 32 * BATCH } else { 1 } }>();
-    let h_task_scale = shared::<f32, { if STAGE_H == 1 { 32 * BATCH } else { 1 } }>();
-    if STAGE_H == 1 {
-        /// The tasks a thread copies: 32·BATCH over the block's 32·WARPS threads.
-        const PER_THREAD: u32 = BATCH / WARPS;
-        let mut hq = [u32x4(0, 0, 0, 0); PER_THREAD];
-        let mut hs = [0.0; PER_THREAD];
-        #[unroll]
-        for i in 0..PER_THREAD {
-            let t = min(thread_idx() + i * 32 * WARPS, tasks - 1);
-            let k = min(t / routed_chunks, top_k);
-            let chunk = k * (h_stride / 16) + t - k * routed_chunks;
-            hq[i] = load_vec::<u32x4>(h_staged, h_i8 + chunk);
-            hs[i] = h_scale[chunk];
-        }
-        #[unroll]
-        for i in 0..PER_THREAD {
-            let t = thread_idx() + i * 32 * WARPS;
-            if t < tasks {
-                h_task[t] = hq[i];
-                h_task_scale[t] = hs[i];
-            }
-        }
-        sync_threads();
-    }
 
     let mut total = [0.0; ROWS];
     #[unroll]
     for j in 0..BATCH {
-        let hs = if STAGE_H == 1 { h_task_scale[at[j]] } else { h_scale[at[j]] };
+        let hs = h_scale[at[j]];
         if I8 {
-            let hq = if STAGE_H == 1 { h_task[at[j]] } else { load_vec::<u32x4>(h_staged, h_i8 + at[j]) };
+            // h in int8 after its f16 pairs; the sums are short by 2·127 (put back below).
+            let hq = load_vec::<u32x4>(h_staged, (top_k + 1) * (h_stride / 8) + at[j]);
             #[unroll]
             for r in 0..ROWS {
                 let scale = (block_scale[j * ROWS + r] as f32) * factor[j];
