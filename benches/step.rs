@@ -33,8 +33,8 @@
 //! anything is timed. With the table kept, the runs follow each other with 0.2 s of model-making
 //! between them, and on the H100 of session 51 the first three of a process (about 4 s of
 //! replays after the 20 s of the table's filling) ran 1.2% faster than every run after them:
-//! round one's early tile sets looked faster than they were (BENCHMARKS.md, Autotuning). Timed
-//! after the warm-up, every run sees the device as a decode that runs on sees it.
+//! round one's early tile sets looked faster than they were (BENCHMARKS.md, Autotuning). After
+//! the warm-up every timed run meets the device as a long decode does.
 //!
 //! A filter argument names the one variant to run (`step --bench nvfp4`: the NVFP4 step only).
 //!

@@ -325,8 +325,7 @@ fn every_part_of_the_tiny_step_model_matches_its_cpu_fill() {
 /// would have made: twelve greedy steps of the tiny-step model (PLE on its layers) give the same
 /// logits, bit for bit, as a model that made its own, with bf16 and with NVFP4 weights (the
 /// table's rows bf16 in both: tiny-step's 16-value rows are too narrow for the NVFP4 rows'
-/// kernel). A table offered for
-/// another seed is refused, naming both seeds.
+/// kernel). A table offered for another seed is refused, naming both seeds.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_kept_ple_table_makes_the_model_a_fresh_one_would() {
@@ -338,8 +337,9 @@ fn a_kept_ple_table_makes_the_model_a_fresh_one_would() {
     let first = (Rng::fresh("kept PLE table, first token").next_u64() % cfg.vocab_size as u64) as u32;
     for nvfp4 in [false, true] {
         // NVFP4 weights but GDN's input projection and the PLE table's rows, whose NVFP4 kernels
-        // do not take tiny-step's hidden size and row width (256 and 16; gpu_step does the same).
-        // The step bench keeps an NVFP4 table at the published shape.
+        // do not take tiny-step's hidden size and row width (256 and 16; gpu_step keeps the input
+        // projection bf16 the same way). The step bench keeps an NVFP4 table at the published
+        // shape.
         let formats = if nvfp4 {
             Formats { gdn_in_proj: false, ple_table: RowFormat::Bf16, ..Formats::NVFP4 }
         } else {

@@ -53,12 +53,11 @@ use kernel_macros::kernel;
 /// registers) keeps them ahead.
 ///
 /// h comes after the wait in about ten round trips to L2, interleaved by ptxas with the products
-/// (sm_90 SASS, `kernel-inspect --sass`). Tried and not kept: the block copying every task's
-/// int8 h and scale into shared memory first (one round trip and a barrier; 165 registers as
-/// now), tried in sessions 47 and 51, made the step no faster: alone, against the default's runs
-/// beside them, −0.1% to +0.9% at 1k and +0.4% to +1.3% at 32k (one NVIDIA H100, 2026-12-07;
-/// BENCHMARKS.md, MoE section). The products overlap those rounds; the barrier holds every warp
-/// for the block's last load.
+/// (sm_90 SASS, `kernel-inspect --sass`). Not kept (sessions 47 and 51): the block copying every
+/// task's int8 h and scale into shared memory first (one round trip and a barrier; 165 registers
+/// as now) made the step no faster. Alone, against the default's runs beside it: −0.1% to +0.9%
+/// at 1k, +0.4% to +1.3% at 32k (one NVIDIA H100, 2026-12-07; BENCHMARKS.md, MoE section). The
+/// products overlap those rounds; the barrier holds every warp for the block's last load.
 #[kernel(
     block = 32 * WARPS,
     grid = div_ceil(hidden, WARPS * ROWS),
