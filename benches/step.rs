@@ -24,8 +24,9 @@
 //! Tables against the defaults in one run: `FLASHNEXT_STEP_TABLES=a.json,b.json` (table files, as
 //! `autotune --pin` writes them, or folders of them, as `autotune --neighbours` writes them) times
 //! the first variant at the defaults and at each table's tiles, in turn, `FLASHNEXT_STEP_ROUNDS`
-//! times (default 1; rounds alternate the tile sets, so a drift of the device shows as a spread,
-//! not as a difference), and a last line a table and context compares the means. Each tile set
+//! times (default 1; each round runs every tile set, every second round in reverse order, so a
+//! steady drift of the device adds alike to every mean and an unsteady one shows as a spread, not
+//! as a difference), and a last line a table and context compares the means. Each tile set
 //! makes its own model (the tiles choose the device weights' layouts), but the PLE table in host
 //! memory is made once and kept from model to model.
 //!
@@ -178,9 +179,20 @@ fn main() {
     }
     // Round after round, each round every variant at every tile set, so that a drift of the
     // device's speed over the run falls on every variant alike (session 45 ran two formats one
-    // after the other and could not tell its gain from such a drift).
+    // after the other and could not tell its gain from such a drift). Every second round runs
+    // in the reverse order, so that each pair of rounds puts every run at the same mean place
+    // and a steady drift adds the same to every mean (session 51's two-round sweeps ran the
+    // defaults first in both rounds, and the tables after them).
+    let one_round: Vec<(&str, Formats, TileSource)> =
+        variants.iter().flat_map(|&(v, f)| tile_sets.iter().map(move |t| (v, f, t.clone()))).collect();
     let runs: Vec<(&str, Formats, TileSource)> = (0..rounds.max(1))
-        .flat_map(|_| variants.iter().flat_map(|&(v, f)| tile_sets.iter().map(move |t| (v, f, t.clone()))))
+        .flat_map(|r| {
+            let mut round = one_round.clone();
+            if r % 2 == 1 {
+                round.reverse();
+            }
+            round
+        })
         .collect();
     let first_variant = variants[0].0;
     let mut rec = Recorder::new(&gpu, "step", None);
