@@ -201,12 +201,11 @@ fn main() {
     // a model's making), kept for the next, whose tiles change only the device weights' layouts.
     let mut kept_table: Option<engine::step::SyntheticPleTable> = None;
     // Seconds of replays before the first timed run (module doc).
-    let mut warm_up: Option<f64> = Some(
-        std::env::var("FLASHNEXT_STEP_WARMUP_S").map_or(10.0, |v| v.parse().expect("FLASHNEXT_STEP_WARMUP_S: seconds")),
-    );
+    let warm_up: f64 =
+        std::env::var("FLASHNEXT_STEP_WARMUP_S").map_or(10.0, |v| v.parse().expect("FLASHNEXT_STEP_WARMUP_S: seconds"));
     // (variant, tiles, context) → ms/token on the device.
     let mut results: Vec<(&str, String, usize, f64)> = Vec::new();
-    for &(variant, formats, ref source) in &runs {
+    for (run, &(variant, formats, ref source)) in runs.iter().enumerate() {
         let g = gpu.take().expect("the device");
         let context = *CONTEXTS.iter().max().expect("contexts");
         let plan = source.plan(&cfg, formats, context, g.info());
@@ -229,10 +228,10 @@ fn main() {
         e.seek(profile_position).expect("seek");
         let (_, profile) = e.step_profiled(2).expect("profile");
         e.capture().expect("capture");
-        if let Some(seconds) = warm_up.take() {
+        if run == 0 {
             let t = Instant::now();
             let mut tokens = 0;
-            while t.elapsed().as_secs_f64() < seconds {
+            while t.elapsed().as_secs_f64() < warm_up {
                 e.seek(CONTEXTS[0] - 1).expect("seek");
                 e.step(3).expect("step");
                 tokens += 1;
