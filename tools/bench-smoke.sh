@@ -30,9 +30,11 @@ for b in "${names[@]}"; do
     echo "bench $b: not in $pack (pack it with tools/gpu-pack.sh --bench $b)"; failed=1; continue
   fi
   # A criterion filter that matches no timing keeps a bench to its records; the step bench's
-  # argument names its variant instead (it refuses one it does not know): the NVFP4 step, one round.
+  # argument names its variant instead (it refuses one it does not know): the NVFP4 step, one round;
+  # memory_churn's names its allocator: the engine's.
   filter=records-only
   [ "$b" = step ] && filter=nvfp4
+  [ "$b" = memory_churn ] && filter=async
   start=$SECONDS
   (cd "$root" && OUT="$out" FLASHNEXT_BENCH_NO_SWEEP=1 FLASHNEXT_STEP_ROUNDS="${FLASHNEXT_STEP_ROUNDS:-1}" \
     timeout "${FLASHNEXT_SMOKE_SECS:-180}" "$exe" --bench "$filter") \

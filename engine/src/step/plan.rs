@@ -502,6 +502,24 @@ mod tests {
         }
     }
 
+    /// The committed H100 table (three tiles pinned from the step's measurements) is current: the
+    /// NVFP4 step takes its MoE, GDN and QSA entries, and every other family keeps the plan's
+    /// tiles for want of an entry. Fails when one of those kernels changed since: the pins of its
+    /// rule, `autotune --pin ... --device "NVIDIA H100 80GB HBM3" --arch sm_90 --sms 132 --smem
+    /// 232448`, make it again (then its bf16 GDN entry is dropped: that step was not measured).
+    #[test]
+    fn the_h100_table_is_current() {
+        let path = tuned::default_dir().join("nvidia-h100-80gb-hbm3.json");
+        let table = tuned::Table::read(&path).expect("the H100 table");
+        assert!(table.untimed && table.device == "NVIDIA H100 80GB HBM3" && table.arch == "sm_90");
+        let plan = StepPlan::new(&ModelConfig::published(), Formats::NVFP4, 32_768).expect("plan");
+        let (tuned, notices) = plan.clone().tuned(&table, Arch::Sm90, table.sms);
+        for n in &notices {
+            assert!(n.ends_with(": no entry") && !["moe", "gdn", "qsa"].iter().any(|f| n.starts_with(f)), "{n}");
+        }
+        assert_ne!(tuned.moe_tiles, plan.moe_tiles, "the MoE entry's gate/up WARPS=4 is taken");
+    }
+
     /// The committed H200 table, as the timed run left it, is read and taken where current: a
     /// family without an entry (the mix; QSA with NVFP4 projections) keeps the plan's tiles with a
     /// notice, as does any family whose kernels changed since the run or whose entry was tuned
