@@ -502,7 +502,7 @@ mod tests {
         }
     }
 
-    /// The committed H100 table (three tiles pinned from the step's measurements) is current: the
+    /// The committed H100 table (four tiles pinned from the step's measurements) is current: the
     /// NVFP4 step takes its MoE, GDN and QSA entries, and every other family keeps the plan's
     /// tiles for want of an entry. Fails when one of those kernels changed since: the pins of its
     /// rule, `autotune --pin ... --device "NVIDIA H100 80GB HBM3" --arch sm_90 --sms 132 --smem
