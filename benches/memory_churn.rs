@@ -2,7 +2,7 @@
 //! the process is fresh?
 //!
 //! The step bench makes one model a tile set (70 GB on an 80 GB H100). Session 52 found its copy
-//! rate 3.035 TB/s before its runs and 2.633 after them, and this bench to say where that comes
+//! rate 3.034 TB/s before its runs and 2.633 after them, and this bench to say where that comes
 //! from (H100, `tuned/runs/nvidia-h100-2026-12-07-session52.txt`): with the pool's memory handed
 //! back to the driver at each synchronisation (the default), two 1 GiB buffers allocated right
 //! after a large free copy at 2.63–2.64 TB/s in every cycle, while the chunks of each cycle copy
@@ -12,7 +12,7 @@
 //!
 //! Each cycle allocates chunks of model-like sizes until `FILL` of the free memory is taken, fills
 //! them (as `Gpu::alloc` zero-fills), times a 1 GiB device-to-device copy between its first two
-//! chunks while every chunk is live, frees them all, and times a copy between two fresh 1 GiB
+//! expert-sized chunks while every chunk is live, frees them all, and times a copy between two fresh 1 GiB
 //! buffers. The allocator is the argument, one a process (the driver's state ends with it):
 //! - `async`: `cuMemAllocAsync` from the device's default pool, as `Gpu::alloc` allocates;
 //! - `async-trim`: the same, the pool trimmed to nothing after each cycle's frees;
@@ -32,7 +32,7 @@ const COPY: usize = 1 << 30;
 /// Share of the free memory one cycle takes (the step's model leaves about a tenth free).
 const FILL: f64 = 0.88;
 /// A layer's allocations, largest first, in the proportions of the synthetic model's: its experts
-/// (1.4 GB), the other matrices, norms and states. Repeated until FILL is reached.
+/// (1,400 MiB), the other matrices, norms and states. Repeated until FILL is reached.
 const LAYER: [usize; 6] = [1_400 << 20, 300 << 20, 40 << 20, 13 << 20, 3 << 20, 200 << 10];
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -114,6 +114,8 @@ fn main() {
     let cycles: usize =
         std::env::var("FLASHNEXT_CHURN_CYCLES").map_or(8, |v| v.parse().expect("FLASHNEXT_CHURN_CYCLES: a count"));
     let gpu = flashnext::gpu::open();
+    // The raw calls below act on the current context: the engine's, made current here explicitly.
+    gpu.context().bind_to_thread().expect("binding the context");
     let mut rec = Recorder::new(&gpu, "memory_churn", None);
     if alloc == Allocator::AsyncKeep {
         let mut threshold = u64::MAX;
@@ -135,6 +137,16 @@ fn main() {
     println!("memory_churn {}: fresh copy {:.3} TB/s", alloc.name(), fresh / 1e12);
     let (free, _) = gpu.memory().expect("free memory");
     let budget = (free as f64 * FILL) as usize;
+    // The copy among live chunks takes the first two expert-sized ones: a layer and one more.
+    let least = LAYER.iter().sum::<usize>() + LAYER[0];
+    if budget < least {
+        eprintln!(
+            "memory_churn: {:.1} GB free, {:.1} GB needed for two expert-sized chunks and what lies between",
+            free as f64 / 1e9,
+            least as f64 / FILL / 1e9
+        );
+        std::process::exit(2);
+    }
     for cycle in 1..=cycles {
         let mut chunks = Vec::new();
         let mut taken = 0;
@@ -148,7 +160,7 @@ fn main() {
             }
         }
         gpu.synchronize().expect("sync");
-        // The first two chunks are experts-sized (1.4 GB ≥ COPY).
+        // The first two expert-sized chunks (1,400 MiB ≥ COPY), present by the check above.
         let live = copy_rate(&gpu, chunks[0], chunks[LAYER.len()]);
         let count = chunks.len();
         for p in chunks.drain(..) {
@@ -176,7 +188,8 @@ fn main() {
             live / 1e12,
             after / 1e12
         );
-        // One copy's time (a launch of the copy engine's work), its bytes read plus written.
+        // One copy's mean time over 10 (recorded as a median, the schema's one figure), a launch of
+        // the copy engine's work, its bytes read plus written.
         let what = Sample::median(
             "memory_churn",
             format!("{} cycle {cycle}", alloc.name()),

@@ -17,9 +17,10 @@
 //!   replay's time).
 //!
 //! Tuned against default tiles in one run: with `FLASHNEXT_TUNED` set (a table file or a folder of
-//! tables, as `engine::tuned::find_for` reads it) or `--tuned`, the nvfp4 variant runs twice, at
-//! the plan's default tiles and at the device's tuned table (`StepPlan::for_device`), and a last
-//! line compares their ms/token (`FLASHNEXT_STEP_VARIANTS=all`: both variants, twice each).
+//! tables, as `engine::tuned::find_for` reads it) or `--tuned`, the nvfp4 variant runs at the
+//! plan's default tiles and at the device's tuned table (`StepPlan::for_device`), in turn, after
+//! the burn-in below, and a last line compares their ms/token (`FLASHNEXT_STEP_VARIANTS=all`:
+//! every variant so).
 //!
 //! Tables against the defaults in one run: `FLASHNEXT_STEP_TABLES=a.json,b.json` (table files, as
 //! `autotune --pin` writes them, or folders of them, as `autotune --neighbours` writes them) times
@@ -31,11 +32,11 @@
 //! memory is made once and kept from model to model.
 //!
 //! The step's speed depends on where its buffers land, by about 1%. In one process the first
-//! three models ran 0.8–2.3% faster than every later one, whatever their tiles, in each of the
-//! twelve such processes of sessions 51 and 52 (H100s), with the clocks fixed (1980 / 2619 MHz, no
-//! throttle reason) and after 10 s of replays as well; and single-model processes with 1 B, 1 MiB,
-//! 37 MiB or 1 GiB allocated ahead of the model (`FLASHNEXT_STEP_PAD_BYTES`) ran 2.955 and 2.959,
-//! 2.929, 2.937 and 2.949 ms at 1k. Traced, the later models lose it in the kernels bound by L2
+//! three models ran 0.8–1.7% faster than every later one (2.3% traced), whatever their tiles, in
+//! each of the twelve such processes of sessions 51 and 52 (H100s), with the clocks fixed (1980 /
+//! 2619 MHz, no throttle reason) and after 10 s of replays as well; and single-model processes
+//! with 1 B, 1 MiB, 37 MiB or 1 GiB allocated ahead of the model (`FLASHNEXT_STEP_PAD_BYTES`) ran
+//! 2.955 and 2.959, 2.929, 2.937 and 2.949 ms at 1k. Traced, the later models lose it in the kernels bound by L2
 //! round trips on small buffers (the mix up-projection, `gemv_nvfp4`, QSA's), not in the
 //! streaming ones (BENCHMARKS.md, Autotuning, session 52). So when more than one run is asked
 //! for, the first `FLASHNEXT_STEP_BURN_IN` runs (default 3, the first entries of a round) are
@@ -54,7 +55,8 @@
 //! run) and the most blocks a launch put on one SM. Every launch's stamps go to
 //! $OUT/step-trace-<variant>-<context>.jsonl, every block's (SM, start, wait return, end, ns from
 //! the replay's first start) to $OUT/step-blocks-<variant>-<context>.jsonl (`<variant>-tuned` for
-//! the tuned tile set's half). The timed lines of such a run are the traced build's (the stamps'
+//! the tuned tile set's half, `<variant>-<table>` for a table's; a later run of the same tiles, a
+//! burn-in's or another round's, writes over an earlier one's files, and stdout keeps each). The timed lines of such a run are the traced build's (the stamps'
 //! cost is their difference from a plain run).
 //!
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
@@ -146,15 +148,15 @@ fn tables_at(path: PathBuf) -> Vec<PathBuf> {
 
 fn main() {
     // criterion's harness flags (`--bench`) are accepted and ignored; a filter picks a variant.
-    let gpu = flashnext::gpu::open();
-    // The device's own copy rate, before anything runs: the step's share of it is comparable
-    // across machines of one kind (H100s copy at 3.01-3.04 TB/s, the H200 at 4.27). Measured
-    // later in the process it can read lower for the allocator's sake (benches/memory_churn.rs).
-    let copy_bw = copy_rate(&gpu);
+    // The device's own copy rate, measured first: the step's share of it is comparable across
+    // machines of one kind (H100s copy at 3.01-3.04 TB/s, the H200 at 4.27). Measured later in the
+    // process it can read lower for the allocator's sake (benches/memory_churn.rs).
+    let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("step") else { return };
     // Bytes allocated ahead of the first model and held, so that its buffers land elsewhere
     // (module doc: where they land moves the step by about 1%).
     let pad: usize =
         std::env::var("FLASHNEXT_STEP_PAD_BYTES").map_or(0, |v| v.parse().expect("FLASHNEXT_STEP_PAD_BYTES: bytes"));
+    // Held to the end of main, under every model.
     let _pad = (pad > 0).then(|| gpu.alloc::<u8>(pad).expect("the pad"));
     let cfg = ModelConfig::published();
     let tables: Vec<PathBuf> = std::env::var("FLASHNEXT_STEP_TABLES")
@@ -208,16 +210,18 @@ fn main() {
         }
         round
     });
-    // The burn-in ahead of them (module doc), when there is anything to compare.
+    // The burn-in ahead of them (module doc), whenever more than one run is asked for.
     let burn_in: usize = std::env::var("FLASHNEXT_STEP_BURN_IN")
         .map_or(3, |v| v.parse().expect("FLASHNEXT_STEP_BURN_IN: a count of runs"));
     let burn_in = if rounds.max(1) * one_round.len() > 1 { burn_in } else { 0 };
-    let runs: Vec<(&str, Formats, TileSource, bool)> = one_round
+    // Each run: its variant, formats, tiles, and its burn-in number (None: counted).
+    let runs: Vec<(&str, Formats, TileSource, Option<usize>)> = one_round
         .iter()
         .cycle()
         .take(burn_in)
-        .map(|(v, f, t)| (*v, *f, t.clone(), false))
-        .chain(counted.map(|(v, f, t)| (v, f, t, true)))
+        .enumerate()
+        .map(|(i, (v, f, t))| (*v, *f, t.clone(), Some(i + 1)))
+        .chain(counted.map(|(v, f, t)| (v, f, t, None)))
         .collect();
     let first_variant = variants[0].0;
     let mut rec = Recorder::new(&gpu, "step", Some(copy_bw));
@@ -227,12 +231,16 @@ fn main() {
     let mut kept_table: Option<engine::step::SyntheticPleTable> = None;
     // (variant, tiles, context) → ms/token on the device.
     let mut results: Vec<(&str, String, usize, f64)> = Vec::new();
-    for &(variant, formats, ref source, counts) in &runs {
+    for &(variant, formats, ref source, burn) in &runs {
         let g = gpu.take().expect("the device");
         let context = *CONTEXTS.iter().max().expect("contexts");
         let plan = source.plan(&cfg, formats, context, g.info());
         let tiles = source.name();
-        let name = if counts { format!("{variant} ({tiles})") } else { format!("{variant} ({tiles}, burn-in)") };
+        // Burn-in runs are named apart (numbered), so that their records are kept apart too.
+        let name = match burn {
+            None => format!("{variant} ({tiles})"),
+            Some(i) => format!("{variant} ({tiles}, burn-in {i}/{burn_in})"),
+        };
         let t0 = Instant::now();
         let kept = kept_table.take().filter(|t| t.format() == formats.ple_table);
         let model = ModelOnDevice::synthetic_with(&g, &cfg, &plan, 1, kept, &mut |what, done, total| {
@@ -287,7 +295,7 @@ fn main() {
                 bytes / GB10_BYTES_PER_S * 1e3
             );
             println!("{line}");
-            if counts {
+            if burn.is_none() {
                 results.push((variant, tiles.clone(), context, med * 1e3));
             }
             let what = Sample::new("step", format!("{name}, context {context}"), Unit::Token, (med, p10, p90));
@@ -357,13 +365,6 @@ fn main() {
             );
         }
     }
-}
-
-/// The device-to-device copy rate (bytes read plus written per second, 1 GiB each way), printed.
-fn copy_rate(gpu: &engine::cuda::Gpu) -> f64 {
-    let bw = engine::cuda::timing::copy_bandwidth(gpu, 1 << 30).expect("copy bandwidth");
-    println!("device-to-device copy: {:.3} TB/s (read + write)", bw / 1e12);
-    bw
 }
 
 /// One token's replay at `position`, traced: the timeline by kernel to stdout, each launch's

@@ -37,6 +37,7 @@ for b in "${names[@]}"; do
   [ "$b" = memory_churn ] && filter=async
   start=$SECONDS
   (cd "$root" && OUT="$out" FLASHNEXT_BENCH_NO_SWEEP=1 FLASHNEXT_STEP_ROUNDS="${FLASHNEXT_STEP_ROUNDS:-1}" \
+    FLASHNEXT_CHURN_CYCLES="${FLASHNEXT_CHURN_CYCLES:-1}" \
     timeout "${FLASHNEXT_SMOKE_SECS:-180}" "$exe" --bench "$filter") \
     > "$out/bench-$b.log" 2>&1
   status=$?
