@@ -38,7 +38,9 @@
 //! with 1 B, 1 MiB, 37 MiB or 1 GiB allocated ahead of the model (`FLASHNEXT_STEP_PAD_BYTES`) ran
 //! 2.955 and 2.959, 2.929, 2.937 and 2.949 ms at 1k. Traced, the later models lose it in the kernels bound by L2
 //! round trips on small buffers (the mix up-projection, `gemv_nvfp4`, QSA's), not in the
-//! streaming ones (BENCHMARKS.md, Autotuning, session 52). So when more than one run is asked
+//! streaming ones (BENCHMARKS.md, Autotuning, session 52); `FLASHNEXT_STEP_SCRATCH_PAD_BYTES`
+//! moves the engine's own buffers alone, to tell whether theirs is the placement that matters
+//! (not yet run). So when more than one run is asked
 //! for, the first `FLASHNEXT_STEP_BURN_IN` runs (default 3, the first entries of a round) are
 //! extra and not in the means, and the counted rounds compare tile sets where the later models
 //! land (the defaults' runs there repeat to ±0.2% in every process); the burn-in's first run,
@@ -158,6 +160,11 @@ fn main() {
         std::env::var("FLASHNEXT_STEP_PAD_BYTES").map_or(0, |v| v.parse().expect("FLASHNEXT_STEP_PAD_BYTES: bytes"));
     // Held to the end of main, under every model.
     let _pad = (pad > 0).then(|| gpu.alloc::<u8>(pad).expect("the pad"));
+    // Bytes allocated after each model's weights and before the engine's own buffers (the
+    // streams, partials, counters, states and scratch), held as long as the engine: it moves
+    // those alone, to tell whether the placement that matters is theirs or the weights'.
+    let scratch_pad: usize = std::env::var("FLASHNEXT_STEP_SCRATCH_PAD_BYTES")
+        .map_or(0, |v| v.parse().expect("FLASHNEXT_STEP_SCRATCH_PAD_BYTES: bytes"));
     let cfg = ModelConfig::published();
     let tables: Vec<PathBuf> = std::env::var("FLASHNEXT_STEP_TABLES")
         .map(|v| v.split(',').filter(|p| !p.is_empty()).flat_map(|p| tables_at(PathBuf::from(p))).collect())
@@ -250,6 +257,7 @@ fn main() {
         })
         .expect("synthetic model");
         println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
+        let _scratch_pad = (scratch_pad > 0).then(|| g.alloc::<u8>(scratch_pad).expect("the scratch pad"));
         let mut e = Engine::new(g, plan, model).expect("engine");
         e.step(1).expect("warm-up");
         // The profile at the first context's last position, where its timed steps run: the
