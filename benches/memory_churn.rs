@@ -22,7 +22,7 @@
 //! `FLASHNEXT_CHURN_CYCLES` (default 8) cycles. Lines to stdout, records to $OUT/bench-memory_churn.jsonl.
 
 use engine::cuda::Gpu;
-use engine::cuda::timing::EventTimer;
+use engine::cuda::timing::time_mean;
 use flashnext::bench::{Recorder, Sample, Unit};
 
 use cudarc::driver::{result, sys};
@@ -94,15 +94,12 @@ fn copy_rate(gpu: &Gpu, src: sys::CUdeviceptr, dst: sys::CUdeviceptr) -> f64 {
     let stream = gpu.stream().cu_stream();
     // SAFETY: both pointers hold at least COPY bytes (the callers allocate them so).
     let copy = || unsafe { result::memcpy_dtod_async(dst, src, COPY, stream).expect("copy") };
-    copy();
-    copy();
-    let t = EventTimer::new(gpu).expect("events");
-    t.start(gpu).expect("start");
-    for _ in 0..10 {
+    let t = time_mean(gpu, 2, 10, |_| {
         copy();
-    }
-    let s = t.stop(gpu).expect("stop").as_secs_f64() / 10.0;
-    2.0 * COPY as f64 / s
+        Ok(())
+    })
+    .expect("timing the copies");
+    2.0 * COPY as f64 / t.as_secs_f64()
 }
 
 fn main() {
@@ -111,8 +108,7 @@ fn main() {
         eprintln!("memory_churn: allocator {mode:?} is none of async, async-trim, async-keep, sync");
         std::process::exit(2);
     };
-    let cycles: usize =
-        std::env::var("FLASHNEXT_CHURN_CYCLES").map_or(8, |v| v.parse().expect("FLASHNEXT_CHURN_CYCLES: a count"));
+    let cycles = flashnext::bench::env_count("FLASHNEXT_CHURN_CYCLES", 8);
     let gpu = flashnext::gpu::open();
     // The raw calls below act on the current context: the engine's, made current here explicitly.
     gpu.context().bind_to_thread().expect("binding the context");

@@ -31,21 +31,20 @@
 //! makes its own model (the tiles choose the device weights' layouts), but the PLE table in host
 //! memory is made once and kept from model to model.
 //!
-//! The step's speed depends on where its buffers land, by about 1%. In one process the first
-//! three models ran 0.8–1.7% faster than every later one (2.3% traced), whatever their tiles, in
-//! each of the twelve such processes of sessions 51 and 52 (H100s), with the clocks fixed (1980 /
-//! 2619 MHz, no throttle reason) and after 10 s of replays as well; and single-model processes
-//! with 1 B, 1 MiB, 37 MiB or 1 GiB allocated ahead of the model (`FLASHNEXT_STEP_PAD_BYTES`) ran
-//! 2.955 and 2.959, 2.929, 2.937 and 2.949 ms at 1k. Traced, the later models lose it in the kernels bound by L2
-//! round trips on small buffers (the mix up-projection, `gemv_nvfp4`, QSA's), not in the
-//! streaming ones (BENCHMARKS.md, Autotuning, session 52); `FLASHNEXT_STEP_SCRATCH_PAD_BYTES`
-//! moves the engine's own buffers alone, to tell whether theirs is the placement that matters
-//! (not yet run). So when more than one run is asked
-//! for, the first `FLASHNEXT_STEP_BURN_IN` runs (default 3, the first entries of a round) are
-//! extra and not in the means, and the counted rounds compare tile sets where the later models
-//! land (the defaults' runs there repeat to ±0.2% in every process); the burn-in's first run,
-//! the defaults on a fresh process as the decode binary runs them, is the figure to quote, within
-//! that 1%.
+//! The step's speed depends on where its buffers land, by about 1%. In one process the first three
+//! models ran 0.8–1.7% faster than every later one (2.3% traced), whatever their tiles, in each of
+//! the twelve such processes of sessions 51 and 52 (H100s), with the clocks fixed (1980 / 2619 MHz,
+//! no throttle reason) and after 10 s of replays as well; and single-model processes with 1 B,
+//! 1 MiB, 37 MiB or 1 GiB allocated ahead of the model (`FLASHNEXT_STEP_PAD_BYTES`) ran 2.955 and
+//! 2.959, 2.929, 2.937 and 2.949 ms at 1k. Traced, the later models lose it in the kernels bound by
+//! L2 round trips on small buffers (the mix up-projection, `gemv_nvfp4`, QSA's), not in the
+//! streaming ones (BENCHMARKS.md, Autotuning, session 52); `FLASHNEXT_STEP_SCRATCH_PAD_BYTES` moves
+//! the engine's own buffers alone, to tell whether theirs is the placement that matters (not yet
+//! run). So when more than one run is asked for, the first `FLASHNEXT_STEP_BURN_IN` runs (default
+//! 3, the first entries of a round) are extra and not in the means, and the counted rounds compare
+//! tile sets where the later models land (the defaults' runs there repeat to ±0.2% in every
+//! process); the burn-in's first run, the defaults on a fresh process as the decode binary runs
+//! them, is the figure to quote, within that 1%.
 //!
 //! A filter argument names the one variant to run (`step --bench nvfp4`: the NVFP4 step only).
 //!
@@ -58,8 +57,9 @@
 //! $OUT/step-trace-<variant>-<context>.jsonl, every block's (SM, start, wait return, end, ns from
 //! the replay's first start) to $OUT/step-blocks-<variant>-<context>.jsonl (`<variant>-tuned` for
 //! the tuned tile set's half, `<variant>-<table>` for a table's; a later run of the same tiles, a
-//! burn-in's or another round's, writes over an earlier one's files, and stdout keeps each). The timed lines of such a run are the traced build's (the stamps'
-//! cost is their difference from a plain run).
+//! burn-in's or another round's, writes over an earlier one's files, and stdout keeps each). The
+//! timed lines of such a run are the traced build's (the stamps' cost is their difference from a
+//! plain run).
 //!
 //! Lines go to stdout and records (`flashnext::bench::Record`) to $OUT/bench-step.jsonl (or
 //! target/).
@@ -71,7 +71,7 @@ use engine::cuda::timing::EventTimer;
 use engine::model::config::ModelConfig;
 use engine::step::{Engine, Formats, ModelOnDevice, StepPlan};
 use engine::tuned::Table;
-use flashnext::bench::{Recorder, Sample, Unit, percentile};
+use flashnext::bench::{Recorder, Sample, Unit, env_count, percentile};
 
 const H200_BYTES_PER_S: f64 = 4.27e12;
 const GB10_BYTES_PER_S: f64 = 230e9;
@@ -156,20 +156,18 @@ fn main() {
     let Some((gpu, copy_bw)) = flashnext::bench::open_gpu_with_copy_bandwidth("step") else { return };
     // Bytes allocated ahead of the first model and held, so that its buffers land elsewhere
     // (module doc: where they land moves the step by about 1%).
-    let pad: usize =
-        std::env::var("FLASHNEXT_STEP_PAD_BYTES").map_or(0, |v| v.parse().expect("FLASHNEXT_STEP_PAD_BYTES: bytes"));
+    let pad = env_count("FLASHNEXT_STEP_PAD_BYTES", 0);
     // Held to the end of main, under every model.
     let _pad = (pad > 0).then(|| gpu.alloc::<u8>(pad).expect("the pad"));
     // Bytes allocated after each model's weights and before the engine's own buffers (the
     // streams, partials, counters, states and scratch), held as long as the engine: it moves
     // those alone, to tell whether the placement that matters is theirs or the weights'.
-    let scratch_pad: usize = std::env::var("FLASHNEXT_STEP_SCRATCH_PAD_BYTES")
-        .map_or(0, |v| v.parse().expect("FLASHNEXT_STEP_SCRATCH_PAD_BYTES: bytes"));
+    let scratch_pad = env_count("FLASHNEXT_STEP_SCRATCH_PAD_BYTES", 0);
     let cfg = ModelConfig::published();
     let tables: Vec<PathBuf> = std::env::var("FLASHNEXT_STEP_TABLES")
         .map(|v| v.split(',').filter(|p| !p.is_empty()).flat_map(|p| tables_at(PathBuf::from(p))).collect())
         .unwrap_or_default();
-    let rounds: usize = std::env::var("FLASHNEXT_STEP_ROUNDS").map_or(1, |v| v.parse().expect("FLASHNEXT_STEP_ROUNDS"));
+    let rounds = env_count("FLASHNEXT_STEP_ROUNDS", 1).max(1);
     let compare =
         std::env::var_os("FLASHNEXT_TUNED").is_some() || std::env::args().any(|a| a == "--tuned") || !tables.is_empty();
     let mut variants = vec![
@@ -210,7 +208,7 @@ fn main() {
     // defaults first in both rounds, and the tables after them).
     let one_round: Vec<(&str, Formats, TileSource)> =
         variants.iter().flat_map(|&(v, f)| tile_sets.iter().map(move |t| (v, f, t.clone()))).collect();
-    let counted = (0..rounds.max(1)).flat_map(|r| {
+    let counted = (0..rounds).flat_map(|r| {
         let mut round = one_round.clone();
         if r % 2 == 1 {
             round.reverse();
@@ -218,9 +216,7 @@ fn main() {
         round
     });
     // The burn-in ahead of them (module doc), whenever more than one run is asked for.
-    let burn_in: usize = std::env::var("FLASHNEXT_STEP_BURN_IN")
-        .map_or(3, |v| v.parse().expect("FLASHNEXT_STEP_BURN_IN: a count of runs"));
-    let burn_in = if rounds.max(1) * one_round.len() > 1 { burn_in } else { 0 };
+    let burn_in = if rounds * one_round.len() > 1 { env_count("FLASHNEXT_STEP_BURN_IN", 3) } else { 0 };
     // Each run: its variant, formats, tiles, and its burn-in number (None: counted).
     let runs: Vec<(&str, Formats, TileSource, Option<usize>)> = one_round
         .iter()

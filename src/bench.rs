@@ -38,6 +38,15 @@ pub fn open_gpu_with_copy_bandwidth(name: &str) -> Option<(Gpu, f64)> {
     Some((gpu, copy_bw))
 }
 
+/// A count from the environment variable `name`, or `default` when it is unset; a value that is
+/// not a count stops the bench, naming the variable.
+pub fn env_count(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?}: expected a whole number")),
+        Err(_) => default,
+    }
+}
+
 /// The value at fraction `p` of an ascending slice (nearest rank).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]

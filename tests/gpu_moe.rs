@@ -240,36 +240,42 @@ fn one_off<T: TileSet>() -> Vec<T> {
     T::candidates().into_iter().filter(|t| t.values().iter().zip(&d).filter(|(a, b)| a != b).count() == 1).collect()
 }
 
+/// The defaults' one-tile changes of one kernel, each set into the defaults by `with`.
+fn one_off_sets<T: TileSet>(with: impl Fn(MoeTiles, T) -> MoeTiles) -> Vec<MoeTiles> {
+    one_off::<T>().into_iter().map(|t| with(MoeTiles::default(), t)).collect()
+}
+
 /// The defaults, and the router's one-off candidates that fit `shape` (its two top-k paths among
 /// them).
 fn router_variants(shape: MoeShape) -> Vec<MoeTiles> {
-    let base = MoeTiles::default();
-    let mut v = vec![base];
-    v.extend(one_off().into_iter().map(|t| MoeTiles { router: t, ..base }));
-    v.retain(|t| t.check(shape).is_ok());
-    v
+    fitting(shape, [one_off_sets(|b, t| MoeTiles { router: t, ..b })])
 }
 
 /// The defaults, and the down kernel's one-off candidates that fit `shape` (the published
 /// shape's 440 tasks fill 14 of a lane's 16 batch slots, where the tiny shape's fill one).
 fn down_variants(shape: MoeShape) -> Vec<MoeTiles> {
-    let base = MoeTiles::default();
-    let mut v = vec![base];
-    v.extend(one_off().into_iter().map(|t| MoeTiles { down_nvfp4: t, ..base }));
-    v.retain(|t| t.check(shape).is_ok());
-    v
+    fitting(shape, [one_off_sets(|b, t| MoeTiles { down_nvfp4: t, ..b })])
 }
 
 /// The defaults, and for each kernel every candidate that differs from its default in one tile,
 /// among those that fit `shape`.
 fn tile_variants(shape: MoeShape) -> Vec<MoeTiles> {
-    let base = MoeTiles::default();
-    let mut v = vec![base];
-    v.extend(one_off().into_iter().map(|t| MoeTiles { router: t, ..base }));
-    v.extend(one_off().into_iter().map(|t| MoeTiles { gate_up_nvfp4: t, ..base }));
-    v.extend(one_off().into_iter().map(|t| MoeTiles { down_nvfp4: t, ..base }));
-    v.extend(one_off().into_iter().map(|t| MoeTiles { gate_up_bf16: t, ..base }));
-    v.extend(one_off().into_iter().map(|t| MoeTiles { down_bf16: t, ..base }));
+    fitting(
+        shape,
+        [
+            one_off_sets(|b, t| MoeTiles { router: t, ..b }),
+            one_off_sets(|b, t| MoeTiles { gate_up_nvfp4: t, ..b }),
+            one_off_sets(|b, t| MoeTiles { down_nvfp4: t, ..b }),
+            one_off_sets(|b, t| MoeTiles { gate_up_bf16: t, ..b }),
+            one_off_sets(|b, t| MoeTiles { down_bf16: t, ..b }),
+        ],
+    )
+}
+
+/// The defaults, then `sets` in order, keeping those that fit `shape`.
+fn fitting<const N: usize>(shape: MoeShape, sets: [Vec<MoeTiles>; N]) -> Vec<MoeTiles> {
+    let mut v = vec![MoeTiles::default()];
+    v.extend(sets.into_iter().flatten());
     v.retain(|t| t.check(shape).is_ok());
     v
 }
@@ -279,11 +285,8 @@ fn tile_variants(shape: MoeShape) -> Vec<MoeTiles> {
 /// residency candidates, which a one-tile change from the defaults cannot reach (it needs whole
 /// warps a row group).
 fn gate_up_paths(shape: MoeShape) -> Vec<MoeTiles> {
-    let base = MoeTiles::default();
     let bulk = gate_up_nvfp4::Tiles::candidates().into_iter().filter(|t| t.bulk > 0 && !t.prefetch);
-    let mut v: Vec<MoeTiles> =
-        std::iter::once(base).chain(bulk.map(|t| MoeTiles { gate_up_nvfp4: t, ..base })).collect();
-    v.retain(|t| t.check(shape).is_ok());
+    let v = fitting(shape, [bulk.map(|t| MoeTiles { gate_up_nvfp4: t, ..MoeTiles::default() }).collect()]);
     assert!(v.len() > 1, "a bulk tile set and the defaults must fit {shape:?}");
     v
 }
