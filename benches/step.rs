@@ -38,9 +38,10 @@
 //! 1 MiB, 37 MiB or 1 GiB allocated ahead of the model (`FLASHNEXT_STEP_PAD_BYTES`) ran 2.955 and
 //! 2.959, 2.929, 2.937 and 2.949 ms at 1k. Traced, the later models lose it in the kernels bound by
 //! L2 round trips on small buffers (the mix up-projection, `gemv_nvfp4`, QSA's), not in the
-//! streaming ones (BENCHMARKS.md, Autotuning, session 52); `FLASHNEXT_STEP_SCRATCH_PAD_BYTES` moves
-//! the engine's own buffers alone, to tell whether theirs is the placement that matters (not yet
-//! run). So when more than one run is asked for, the first `FLASHNEXT_STEP_BURN_IN` runs (default
+//! streaming ones (BENCHMARKS.md, Autotuning, session 52); `FLASHNEXT_STEP_ENGINE_PADS=0,4096,...`
+//! makes one model and, over it, one engine per pad (`FLASHNEXT_STEP_ROUNDS` rounds), its own
+//! buffers allocated after that many bytes held, to tell whether theirs is the placement that
+//! matters. So when more than one run is asked for, the first `FLASHNEXT_STEP_BURN_IN` runs (default
 //! 3, the first entries of a round) are extra and not in the means, and the counted rounds compare
 //! tile sets where the later models land (the defaults' runs there repeat to ±0.2% in every
 //! process); the burn-in's first run, the defaults on a fresh process as the decode binary runs
@@ -159,10 +160,6 @@ fn main() {
     let pad = env_count("FLASHNEXT_STEP_PAD_BYTES", 0);
     // Held to the end of main, under every model.
     let _pad = (pad > 0).then(|| gpu.alloc::<u8>(pad).expect("the pad"));
-    // Bytes allocated after each model's weights and before the engine's own buffers (the
-    // streams, partials, counters, states and scratch), held as long as the engine: it moves
-    // those alone, to tell whether the placement that matters is theirs or the weights'.
-    let scratch_pad = env_count("FLASHNEXT_STEP_SCRATCH_PAD_BYTES", 0);
     let cfg = ModelConfig::published();
     let tables: Vec<PathBuf> = std::env::var("FLASHNEXT_STEP_TABLES")
         .map(|v| v.split(',').filter(|p| !p.is_empty()).flat_map(|p| tables_at(PathBuf::from(p))).collect())
@@ -228,6 +225,19 @@ fn main() {
         .collect();
     let first_variant = variants[0].0;
     let mut rec = Recorder::new(&gpu, "step", Some(copy_bw));
+    // Bytes held ahead of each engine's own buffers, one engine per entry, over one model: the
+    // placement sweep, instead of the runs above.
+    if let Ok(list) = std::env::var("FLASHNEXT_STEP_ENGINE_PADS") {
+        let pads: Vec<usize> = list
+            .split(',')
+            .map(|p| {
+                p.trim().parse().unwrap_or_else(|_| panic!("FLASHNEXT_STEP_ENGINE_PADS: {p:?} is not a byte count"))
+            })
+            .collect();
+        assert!(!pads.is_empty(), "FLASHNEXT_STEP_ENGINE_PADS names no pad");
+        engine_pad_sweep(gpu, variants[0].1, &pads, rounds, &mut rec);
+        return;
+    }
     let mut gpu = Some(gpu);
     // The PLE table of the last model (30.7 GB of pinned host memory, filled on the CPU: most of
     // a model's making), kept for the next, whose tiles change only the device weights' layouts.
@@ -253,7 +263,6 @@ fn main() {
         })
         .expect("synthetic model");
         println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
-        let _scratch_pad = (scratch_pad > 0).then(|| g.alloc::<u8>(scratch_pad).expect("the scratch pad"));
         let mut e = Engine::new(g, plan, model).expect("engine");
         e.step(1).expect("warm-up");
         // The profile at the first context's last position, where its timed steps run: the
@@ -265,21 +274,7 @@ fn main() {
         for context in CONTEXTS {
             let position = context - 1;
             let bytes = e.bytes_per_token(position) as f64;
-            // Device time of the graph per token, the upload included.
-            let timer = EventTimer::new(e.gpu()).expect("events");
-            let mut device = Vec::new();
-            let mut wall = Vec::new();
-            for _ in 0..SAMPLES {
-                e.seek(position).expect("seek");
-                let t = Instant::now();
-                timer.start(e.gpu()).expect("start");
-                e.step(3).expect("step");
-                wall.push(t.elapsed().as_secs_f64());
-                // The step waited for its token, so the end event lands right after it.
-                device.push(timer.stop(e.gpu()).expect("stop").as_secs_f64());
-            }
-            device.sort_by(f64::total_cmp);
-            wall.sort_by(f64::total_cmp);
+            let (device, wall) = time_steps(&mut e, position);
             let (med, p10, p90) = (percentile(&device, 0.5), percentile(&device, 0.1), percentile(&device, 0.9));
             let wall_med = percentile(&wall, 0.5);
             let floor = bytes / H200_BYTES_PER_S;
@@ -366,6 +361,96 @@ fn main() {
         } else {
             println!(
                 "step context {context}: {variant} {other:.3} ms/token against {first_variant} {baseline:.3} ms/token ({change}, default tiles)"
+            );
+        }
+    }
+}
+
+/// SAMPLES steps at `position` (each seeks back to it): the device time of each (CUDA events
+/// around the replay, the upload included) and its wall time as `Engine::step` takes it, sorted.
+fn time_steps(e: &mut Engine, position: usize) -> (Vec<f64>, Vec<f64>) {
+    let timer = EventTimer::new(e.gpu()).expect("events");
+    let mut device = Vec::new();
+    let mut wall = Vec::new();
+    for _ in 0..SAMPLES {
+        e.seek(position).expect("seek");
+        let t = Instant::now();
+        timer.start(e.gpu()).expect("start");
+        e.step(3).expect("step");
+        wall.push(t.elapsed().as_secs_f64());
+        // The step waited for its token, so the end event lands right after it.
+        device.push(timer.stop(e.gpu()).expect("stop").as_secs_f64());
+    }
+    device.sort_by(f64::total_cmp);
+    wall.sort_by(f64::total_cmp);
+    (device, wall)
+}
+
+/// The placement sweep (`FLASHNEXT_STEP_ENGINE_PADS`): one model of the first variant at the
+/// default tiles, and over it, round after round (every second one in reverse), one engine per
+/// pad, its buffers, states and scratch allocated after `pad` bytes held for its life, timed at
+/// every context. The weights stay where they are, so a difference between pads that repeats
+/// from round to round is the engine's own buffers' placement.
+fn engine_pad_sweep(gpu: engine::cuda::Gpu, formats: Formats, pads: &[usize], rounds: usize, rec: &mut Recorder) {
+    let cfg = ModelConfig::published();
+    let context = *CONTEXTS.iter().max().expect("contexts");
+    let plan = StepPlan::new(&cfg, formats, context).expect("plan");
+    let t0 = Instant::now();
+    let model = ModelOnDevice::synthetic_with(&gpu, &cfg, &plan, 1, None, &mut |what, done, total| {
+        if done == total {
+            eprintln!("  {what}: {done}/{total}");
+        }
+    })
+    .expect("synthetic model");
+    println!("placement sweep: the model made on the device in {:.1} s", t0.elapsed().as_secs_f64());
+    let mut parts = Some((gpu, plan, model));
+    // (pad, context) → ms/token, one per round.
+    let mut results: Vec<(usize, usize, f64)> = Vec::new();
+    for round in 0..rounds {
+        let order: Vec<usize> = if round % 2 == 1 { pads.iter().rev().copied().collect() } else { pads.to_vec() };
+        for pad in order {
+            let (g, plan, model) = parts.take().expect("the parts");
+            let held = (pad > 0).then(|| g.alloc::<u8>(pad).expect("the pad"));
+            let mut e = Engine::new(g, plan, model).expect("engine");
+            e.step(1).expect("warm-up");
+            e.capture().expect("capture");
+            for context in CONTEXTS {
+                let (device, _) = time_steps(&mut e, context - 1);
+                let (med, p10, p90) = (percentile(&device, 0.5), percentile(&device, 0.1), percentile(&device, 0.9));
+                println!(
+                    "placement round {} pad {pad} B context {context}: {:.3} ms/token on the device (p10 {:.3}, p90 {:.3})",
+                    round + 1,
+                    med * 1e3,
+                    p10 * 1e3,
+                    p90 * 1e3
+                );
+                results.push((pad, context, med * 1e3));
+                let what = Sample::new(
+                    "step placement",
+                    format!("engine pad {pad} B, context {context}"),
+                    Unit::Token,
+                    (med, p10, p90),
+                );
+                rec.record_quietly(what.launches(e.launches_per_token()));
+            }
+            let (g, plan, model) = e.into_parts();
+            drop(held);
+            parts = Some((g, plan, model));
+        }
+    }
+    for context in CONTEXTS {
+        let of =
+            |pad: usize| -> Vec<f64> { results.iter().filter(|r| r.0 == pad && r.1 == context).map(|r| r.2).collect() };
+        let base: f64 = of(pads[0]).iter().sum::<f64>() / rounds as f64;
+        for &pad in pads {
+            let v = of(pad);
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let (lo, hi) = (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
+            println!(
+                "placement context {context} pad {pad} B: mean {mean:.3} ms/token (min {lo:.3}, max {hi:.3}, {} rounds), {:+.2}% against pad {} B",
+                v.len(),
+                100.0 * (mean - base) / base,
+                pads[0]
             );
         }
     }

@@ -384,11 +384,21 @@ impl Engine {
 
     /// Frees the model, its states and buffers, and hands the device back (to load another).
     pub fn into_gpu(self) -> Gpu {
-        let Engine { gpu, plan, model, kernels, buffers, states, scratch, side, launches, sampler, graph, .. } = self;
-        drop((graph, sampler, launches, side, scratch, states, buffers, kernels, model, plan));
+        let (gpu, plan, model) = self.into_parts();
+        drop((model, plan));
         // The frees are enqueued on the stream: wait for them, so the next load sees the memory.
         gpu.synchronize().ok();
         gpu
+    }
+
+    /// Frees the states, buffers, kernels and graph, and hands back the device, the plan and the
+    /// model, for another [`Engine::new`] over the same weights (the step bench's placement
+    /// sweep binds new buffers to one model).
+    pub fn into_parts(self) -> (Gpu, StepPlan, ModelOnDevice) {
+        let Engine { gpu, plan, model, kernels, buffers, states, scratch, side, launches, sampler, graph, .. } = self;
+        drop((graph, sampler, launches, side, scratch, states, buffers, kernels));
+        gpu.synchronize().ok();
+        (gpu, plan, model)
     }
 
     /// [`Engine::into_gpu`], keeping a synthetic model's PLE table for the next synthetic model
