@@ -41,8 +41,9 @@
 //! streaming ones (BENCHMARKS.md, Autotuning, session 52); `FLASHNEXT_STEP_ENGINE_PADS=0,4096,...`
 //! makes one model and, over it, one engine per pad (`FLASHNEXT_STEP_ROUNDS` rounds), its own
 //! buffers allocated after that many bytes held: on an H100 (session 53) eight pads moved the
-//! step by at most 0.8%, less than the first runs' lead, so most of that is the weights' place. So when more than one run is asked for, the first `FLASHNEXT_STEP_BURN_IN` runs (default
-//! 3, the first entries of a round) are extra and not in the means, and the counted rounds compare
+//! step by at most 0.8%, less than the first runs' lead, so most of that is the weights' place.
+//! So when more than one run is asked for, the first `FLASHNEXT_STEP_BURN_IN` runs (default 3,
+//! the first entries of a round) are extra and not in the means, and the counted rounds compare
 //! tile sets where the later models land (the defaults' runs there repeat to ±0.2% in every
 //! process); the burn-in's first run, the defaults on a fresh process as the decode binary runs
 //! them, is the figure to quote, within that 1%.
