@@ -35,6 +35,12 @@ fn tiny_step() -> (ModelWeights, Goldens) {
     golden("tiny-step")
 }
 
+/// tiny-step's engine on the GPU at `formats` for `context` tokens, and its goldens.
+fn tiny_step_engine(formats: Formats, context: usize) -> (Engine, Goldens) {
+    let (weights, g) = tiny_step();
+    (load(flashnext::gpu::open(), &weights, formats, context), g)
+}
+
 /// The two largest logits' gap.
 fn margin(logits: &[f32]) -> f32 {
     let mut v = logits.to_vec();
@@ -297,9 +303,7 @@ fn tiny_sparse_nvfp4_in_bf16_reproduces_the_goldens() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn graph_and_eager_decode_the_same_256_tokens() {
-    let (weights, g) = tiny_step();
-    let gpu = flashnext::gpu::open();
-    let mut e = load(gpu, &weights, Formats::BF16, 512);
+    let (mut e, g) = tiny_step_engine(Formats::BF16, 512);
     let prompt = &g.tokens[..g.prompt_len];
     let eager = decode(&mut e, prompt, 256, false);
     let graph = decode(&mut e, prompt, 256, true);
@@ -317,9 +321,7 @@ fn graph_and_eager_decode_the_same_256_tokens() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn an_engine_rebuilt_over_its_model_decodes_the_same_tokens() {
-    let (weights, g) = tiny_step();
-    let gpu = flashnext::gpu::open();
-    let mut e = load(gpu, &weights, Formats::BF16, 512);
+    let (mut e, g) = tiny_step_engine(Formats::BF16, 512);
     let prompt = &g.tokens[..g.prompt_len];
     let first = decode(&mut e, prompt, 64, true);
     let (gpu, plan, model) = e.into_parts();
@@ -359,9 +361,7 @@ fn the_nvfp4_step_runs_and_stays_near_the_goldens() {
 #[ignore = "needs a CUDA device"]
 fn sampling_on_the_device_replays_in_the_graph() {
     use engine::layers::sample::SampleParams;
-    let (weights, g) = tiny_step();
-    let gpu = flashnext::gpu::open();
-    let mut e = load(gpu, &weights, Formats::BF16, 256);
+    let (mut e, g) = tiny_step_engine(Formats::BF16, 256);
     let prompt = &g.tokens[..g.prompt_len];
     let greedy = decode(&mut e, prompt, 32, false);
     e.set_sampling(Some(SampleParams { temperature: 1.0, top_p: 1e-6, seed: 5 })).expect("sampler");
