@@ -257,12 +257,7 @@ fn main() {
         };
         let t0 = Instant::now();
         let kept = kept_table.take().filter(|t| t.format() == formats.ple_table);
-        let model = ModelOnDevice::synthetic_with(&g, &cfg, &plan, 1, kept, &mut |what, done, total| {
-            if done == total {
-                eprintln!("  {what}: {done}/{total}");
-            }
-        })
-        .expect("synthetic model");
+        let model = synthetic_model(&g, &cfg, &plan, kept);
         println!("{name}: made on the device in {:.1} s", t0.elapsed().as_secs_f64());
         let mut e = Engine::new(g, plan, model).expect("engine");
         e.step(1).expect("warm-up");
@@ -367,6 +362,22 @@ fn main() {
     }
 }
 
+/// The published model's synthetic weights (seed 1) for `plan`, on `kept`'s PLE table when there
+/// is one, each part's end said on stderr.
+fn synthetic_model(
+    gpu: &engine::cuda::Gpu,
+    cfg: &ModelConfig,
+    plan: &StepPlan,
+    kept: Option<engine::step::SyntheticPleTable>,
+) -> ModelOnDevice {
+    ModelOnDevice::synthetic_with(gpu, cfg, plan, 1, kept, &mut |what, done, total| {
+        if done == total {
+            eprintln!("  {what}: {done}/{total}");
+        }
+    })
+    .expect("synthetic model")
+}
+
 /// SAMPLES steps at `position` (each seeks back to it): the device time of each (CUDA events
 /// around the replay, the upload included) and its wall time as `Engine::step` takes it, sorted.
 fn time_steps(e: &mut Engine, position: usize) -> (Vec<f64>, Vec<f64>) {
@@ -397,12 +408,7 @@ fn engine_pad_sweep(gpu: engine::cuda::Gpu, formats: Formats, pads: &[usize], ro
     let context = *CONTEXTS.iter().max().expect("contexts");
     let plan = StepPlan::new(&cfg, formats, context).expect("plan");
     let t0 = Instant::now();
-    let model = ModelOnDevice::synthetic_with(&gpu, &cfg, &plan, 1, None, &mut |what, done, total| {
-        if done == total {
-            eprintln!("  {what}: {done}/{total}");
-        }
-    })
-    .expect("synthetic model");
+    let model = synthetic_model(&gpu, &cfg, &plan, None);
     println!("placement sweep: the model made on the device in {:.1} s", t0.elapsed().as_secs_f64());
     let mut parts = Some((gpu, plan, model));
     // (pad, context) → ms/token, one per round.
@@ -442,10 +448,11 @@ fn engine_pad_sweep(gpu: engine::cuda::Gpu, formats: Formats, pads: &[usize], ro
     for context in CONTEXTS {
         let of =
             |pad: usize| -> Vec<f64> { results.iter().filter(|r| r.0 == pad && r.1 == context).map(|r| r.2).collect() };
-        let base: f64 = of(pads[0]).iter().sum::<f64>() / rounds as f64;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let base = mean(&of(pads[0]));
         for &pad in pads {
             let v = of(pad);
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let mean = mean(&v);
             let (lo, hi) = (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max));
             println!(
                 "placement context {context} pad {pad} B: mean {mean:.3} ms/token (min {lo:.3}, max {hi:.3}, {} rounds), {:+.2}% against pad {} B",
