@@ -90,6 +90,7 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 pub fn sample_top_p(
     #[tile(default = 128, candidates = [64, 128])] BLOCKS: u32,
     #[tile(default = 256, candidates = [256, 512])] THREADS: u32,
+    #[tile(default = true, candidates = [true, false])] SPLIT_ADD: bool,
     logits: &[f32],
     position: &[u32],
     token: &mut [u32],
@@ -100,7 +101,10 @@ pub fn sample_top_p(
     top_p: f32,
     seed: u64,
 ) {
+    // The block's mass histogram, as u64 bins or (SPLIT_ADD) as their low and high halves.
     let hist_mass = shared::<u64, 2048>();
+    let hist_lo = shared::<u32, 2048>();
+    let hist_hi = shared::<u32, 2048>();
     let hist_count = shared::<u32, 2048>();
     let warp_mass = shared::<u64, { THREADS / 32 }>();
     let warp_count = shared::<u32, { THREADS / 32 }>();
@@ -213,7 +217,12 @@ pub fn sample_top_p(
             // are emitted counted), they cost the registers that made this kernel spill on sm_90.
             #[unroll(1)]
             for b in (tid..2048).step_by(THREADS) {
-                hist_mass[b] = 0;
+                if SPLIT_ADD {
+                    hist_lo[b] = 0;
+                    hist_hi[b] = 0;
+                } else {
+                    hist_mass[b] = 0;
+                }
                 hist_count[b] = 0;
             }
             sync_threads();
@@ -225,7 +234,22 @@ pub fn sample_top_p(
                     let q = if k == 0 { 0u64 } else { (exp((l - max_logit) * inv_t) * 1099511627776.0) as u64 };
                     let d = (k >> shift) & digit_mask;
                     if q != 0 {
-                        atomic_add(hist_mass, d, q);
+                        if SPLIT_ADD {
+                            // Shared memory has no 64-bit add: a u64 atomic is a compare-and-swap
+                            // loop (ATOMS.CAST.SPIN.64 on sm_90), which retries for as long as other
+                            // lanes and warps hit the same bin, and most keys share a few bins (the
+                            // first pass's bins are exponents; the later passes', for tied logits,
+                            // one bin). Two 32-bit adds, the low half's carry into the high half's,
+                            // are native and give the same exact sum.
+                            let lo = q as u32;
+                            let before = atomic_add(hist_lo, d, lo);
+                            let hi = (q >> 32) as u32 + if before + lo < before { 1u32 } else { 0u32 };
+                            if hi != 0 {
+                                atomic_add(hist_hi, d, hi);
+                            }
+                        } else {
+                            atomic_add(hist_mass, d, q);
+                        }
                     }
                     atomic_add(hist_count, d, 1);
                 }
@@ -236,7 +260,7 @@ pub fn sample_top_p(
                 let c = hist_count[b];
                 if c != 0 {
                     atomic_add(scratch, region * 2048 + b, c);
-                    let m = hist_mass[b];
+                    let m = if SPLIT_ADD { ((hist_hi[b] as u64) << 32) | (hist_lo[b] as u64) } else { hist_mass[b] };
                     if m != 0 {
                         atomic_add(mass, region * 2048 + b, m);
                     }
