@@ -7,8 +7,9 @@
 //! registers for the whole launch, and the passes meet at software grid barriers as in
 //! [`crate::kernels::qsa::top_blocks_grid`].
 //!
-//! The probabilities are integers: a logit's mass is `exp((l − max)/T)` scaled by 2⁴⁰ and
-//! truncated (f32 arithmetic, then u64), so every sum is exact and independent of the order in
+//! The probabilities are integers: a logit's mass is `exp((l − max)/T)` scaled by 2⁴⁰,
+//! truncated and capped at 2⁴⁰ − 1 (f32 arithmetic, then u64; the cap keeps the two halves of a
+//! block's bin below 2³², see SPLIT_ADD), so every sum is exact and independent of the order in
 //! which blocks and threads add it: the token depends on the logits, T, top_p, the seed and the
 //! position only, not on the schedule. `reference::sample` is the same choice in f64 over a
 //! sorted copy; the two differ only through rounding (about 1e-7 of the mass, and tokens whose
@@ -31,7 +32,7 @@ pub const SCRATCH_BLOCK_TIES: usize = SCRATCH_BLOCK_MAX + MAX_BLOCKS;
 pub const MAX_BLOCKS: usize = 128;
 /// u32 words of the `scratch` buffer: the count histograms, the barrier, the per-block words.
 pub const SCRATCH_WORDS: usize = SCRATCH_BLOCK_TIES + MAX_BLOCKS;
-/// A probability of 1 (the largest logit's) in the kernel's fixed point.
+/// A probability of 1 in the kernel's fixed point (the largest logit's mass is capped one below it).
 pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 
 /// `token[0]` = a token sampled from the logits [vocab] with temperature `temperature` (> 0) and
@@ -67,6 +68,14 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 /// BLOCKS blocks, each a contiguous slice of ⌈vocab / BLOCKS⌉ logits, each thread a run of at
 /// most 8 (so `vocab ≤ BLOCKS·THREADS·8`: 262,144 at the defaults).
 ///
+/// `min_blocks = 768 / THREADS`: at 256 threads, three blocks an SM, which 128 co-resident blocks
+/// need on the GB10's 48 SMs, so that ptxas keeps every build within 85 registers (the traced one
+/// took 106 on sm_121a without the bound). 512 threads a block cannot be co-resident there.
+///
+/// SPLIT_ADD (the default): a block adds its masses into shared memory as two u32 halves a bin
+/// (bits 0–19 and 20–39), with the hardware's 32-bit adds; off, as u64 bins, whose adds sm_90
+/// and sm_121a make a compare-and-swap loop that retries while lanes share a bin.
+///
 /// Scratch: `mass` [[`MASS_WORDS`]] and `scratch` [[`SCRATCH_WORDS`]]. Every launch zeroes the
 /// histograms before its first barrier (no block adds to them before it), the per-block words
 /// are rewritten by every launch, and the barrier counter only grows, by 128 per barrier (each
@@ -84,8 +93,9 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
     block = THREADS,
     grid = BLOCKS,
     helpers = "src/kernels/helpers/radix.rs",
-    require(vocab >= 1, vocab <= BLOCKS * THREADS * 8, 2048 % THREADS == 0, 128 % BLOCKS == 0),
+    require(vocab >= 1, vocab <= BLOCKS * THREADS * 8, 2048 % THREADS == 0, 128 % BLOCKS == 0, THREADS * 8 <= 4096),
     cooperative,
+    min_blocks = 768 / THREADS,
 )]
 pub fn sample_top_p(
     #[tile(default = 128, candidates = [64, 128])] BLOCKS: u32,
@@ -231,7 +241,11 @@ pub fn sample_top_p(
                 let k = keys[e];
                 if begin + e < end && (k & mask) == prefix {
                     let l = f32_from_bits(if k >= 0x80000000 { k ^ 0x80000000 } else { !k });
-                    let q = if k == 0 { 0u64 } else { (exp((l - max_logit) * inv_t) * 1099511627776.0) as u64 };
+                    let q = if k == 0 {
+                        0u64
+                    } else {
+                        min((exp((l - max_logit) * inv_t) * 1099511627776.0) as u64, 0xffffffffff)
+                    };
                     let d = (k >> shift) & digit_mask;
                     if q != 0 {
                         if SPLIT_ADD {
@@ -239,14 +253,12 @@ pub fn sample_top_p(
                             // loop (ATOMS.CAST.SPIN.64 on sm_90), which retries for as long as other
                             // lanes and warps hit the same bin, and most keys share a few bins (the
                             // first pass's bins are exponents; the later passes', for tied logits,
-                            // one bin). Two 32-bit adds, the low half's carry into the high half's,
-                            // are native and give the same exact sum.
-                            let lo = q as u32;
-                            let before = atomic_add(hist_lo, d, lo);
-                            let hi = (q >> 32) as u32 + if before + lo < before { 1u32 } else { 0u32 };
-                            if hi != 0 {
-                                atomic_add(hist_hi, d, hi);
-                            }
+                            // one bin). The mass's bits below and above bit 20 go to two u32 bins
+                            // with native adds instead, no carry between them: each part is below
+                            // 2²⁰ (q < 2⁴⁰), and a block's keys (at most THREADS·8 ≤ 4096) sum
+                            // each below 2³², so the bin's mass is exact, whatever the order.
+                            atomic_add(hist_lo, d, (q & 0xfffff) as u32);
+                            atomic_add(hist_hi, d, (q >> 20) as u32);
                         } else {
                             atomic_add(hist_mass, d, q);
                         }
@@ -260,7 +272,7 @@ pub fn sample_top_p(
                 let c = hist_count[b];
                 if c != 0 {
                     atomic_add(scratch, region * 2048 + b, c);
-                    let m = if SPLIT_ADD { ((hist_hi[b] as u64) << 32) | (hist_lo[b] as u64) } else { hist_mass[b] };
+                    let m = if SPLIT_ADD { ((hist_hi[b] as u64) << 20) + (hist_lo[b] as u64) } else { hist_mass[b] };
                     if m != 0 {
                         atomic_add(mass, region * 2048 + b, m);
                     }
