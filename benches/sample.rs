@@ -5,8 +5,9 @@
 //!
 //! Logits: normal with standard deviation 3 (a nucleus of thousands of tokens at top_p 0.9),
 //! nearly flat (standard deviation 0.05: the nucleus is most of the vocabulary), and rounded to
-//! a few levels (thousands of exact ties: the kernel's tie path, one barrier more). Every tile set
-//! runs unless FLASHNEXT_BENCH_NO_SWEEP is set. Lines go to stdout and records
+//! a few levels (thousands of exact ties: the kernel's tie path, one barrier more). The groups
+//! hold the tiles `Sampler::new` takes on the device; every other tile set runs as a sweep
+//! unless FLASHNEXT_BENCH_NO_SWEEP is set. Lines go to stdout and records
 //! (`flashnext::bench::Record`) to $OUT/bench-sample.jsonl (or target/bench-sample.jsonl).
 
 use std::time::Duration;
@@ -58,7 +59,10 @@ fn bench_sample(c: &mut Criterion) {
     let normal: Vec<f32> = (0..VOCAB).map(|_| 3.0 * rng.normal()).collect();
     let flat: Vec<f32> = (0..VOCAB).map(|_| 0.05 * rng.normal()).collect();
     let tied: Vec<f32> = normal.iter().map(|v| (v * 0.5).round() * 2.0).collect();
-    let tile_sets = if sweep { sample_top_p::Tiles::candidates() } else { vec![TileSet::DEFAULT] };
+    // The tiles `Sampler::new` takes here head the groups; every other set is the sweep's.
+    let chosen = Sampler::tiles_for(&gpu).expect("the sampler's tiles");
+    println!("the sampler's tiles on this device: {chosen:?}");
+    let tile_sets = if sweep { sample_top_p::Tiles::candidates() } else { vec![chosen] };
 
     for (name, host) in [("normal(0, 3)", &normal), ("flat", &flat), ("tied levels", &tied)] {
         let logits = gpu.upload(host).expect("logits");
@@ -74,8 +78,7 @@ fn bench_sample(c: &mut Criterion) {
                 };
                 let [one, chained] = time(&gpu, &mut s, &logits);
                 let what = format!("{name}, T {temperature}, top_p {top_p}, {tiles:?}");
-                // The default tiles in the groups; the other tile sets a sweep.
-                let prefix = if tiles == TileSet::DEFAULT { "" } else { "sweep " };
+                let prefix = if tiles == chosen { "" } else { "sweep " };
                 let group = format!("{prefix}graph of one launch");
                 rec.record(Sample::new(group, what.as_str(), Unit::Launch, one).launches(1));
                 let group = format!("{prefix}chain of {LAUNCHES}");
@@ -84,7 +87,7 @@ fn bench_sample(c: &mut Criterion) {
         }
     }
 
-    // A criterion line for the headline: the default tiles, normal logits, T 0.7, top_p 0.9.
+    // A criterion line for the headline: `Sampler::new`'s tiles, normal logits, T 0.7, top_p 0.9.
     let logits = gpu.upload(&normal).expect("logits");
     let params = SampleParams { temperature: 0.7, top_p: 0.9, seed: 42 };
     let mut s = Sampler::new(&gpu, VOCAB, params).expect("sampler");

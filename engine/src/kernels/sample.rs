@@ -8,9 +8,9 @@
 //! [`crate::kernels::qsa::top_blocks_grid`].
 //!
 //! The probabilities are integers: a logit's mass is `exp((l − max)/T)` scaled by 2⁴⁰,
-//! truncated and capped at 2⁴⁰ − 1 (f32 arithmetic, then u64; the cap keeps the two halves of a
-//! block's bin below 2³², see SPLIT_ADD), so every sum is exact and independent of the order in
-//! which blocks and threads add it: the token depends on the logits, T, top_p, the seed and the
+//! truncated and capped at 2⁴⁰ − 1 (f32 arithmetic, then u64; the cap keeps both halves of a
+//! block's shared bins below 2³², so that they add with native 32-bit atomics), so every sum is
+//! exact and independent of the order in which blocks and threads add it: the token depends on the logits, T, top_p, the seed and the
 //! position only, not on the schedule. `reference::sample` is the same choice in f64 over a
 //! sorted copy; the two differ only through rounding (about 1e-7 of the mass, and tokens whose
 //! mass is below 2⁻⁴⁰ of the largest, which the kernel drops).
@@ -72,10 +72,6 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 /// need on the GB10's 48 SMs, so that ptxas keeps every build within 85 registers (the traced one
 /// took 106 on sm_121a without the bound). 512 threads a block cannot be co-resident there.
 ///
-/// SPLIT_ADD (the default): a block adds its masses into shared memory as two u32 halves a bin
-/// (bits 0–19 and 20–39), with the hardware's 32-bit adds; off, as u64 bins, whose adds sm_90
-/// and sm_121a make a compare-and-swap loop that retries while lanes share a bin.
-///
 /// Scratch: `mass` [[`MASS_WORDS`]] and `scratch` [[`SCRATCH_WORDS`]]. Every launch zeroes the
 /// histograms before its first barrier (no block adds to them before it), the per-block words
 /// are rewritten by every launch, and the barrier counter only grows, by 128 per barrier (each
@@ -100,7 +96,6 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 pub fn sample_top_p(
     #[tile(default = 128, candidates = [64, 128])] BLOCKS: u32,
     #[tile(default = 256, candidates = [256, 512])] THREADS: u32,
-    #[tile(default = true, candidates = [true, false])] SPLIT_ADD: bool,
     logits: &[f32],
     position: &[u32],
     token: &mut [u32],
@@ -111,8 +106,7 @@ pub fn sample_top_p(
     top_p: f32,
     seed: u64,
 ) {
-    // The block's mass histogram, as u64 bins or (SPLIT_ADD) as their low and high halves.
-    let hist_mass = shared::<u64, 2048>();
+    // The block's mass histogram, each bin as its low and high halves (bits 0–19 and 20–39).
     let hist_lo = shared::<u32, 2048>();
     let hist_hi = shared::<u32, 2048>();
     let hist_count = shared::<u32, 2048>();
@@ -227,12 +221,8 @@ pub fn sample_top_p(
             // are emitted counted), they cost the registers that made this kernel spill on sm_90.
             #[unroll(1)]
             for b in (tid..2048).step_by(THREADS) {
-                if SPLIT_ADD {
-                    hist_lo[b] = 0;
-                    hist_hi[b] = 0;
-                } else {
-                    hist_mass[b] = 0;
-                }
+                hist_lo[b] = 0;
+                hist_hi[b] = 0;
                 hist_count[b] = 0;
             }
             sync_threads();
@@ -248,20 +238,16 @@ pub fn sample_top_p(
                     };
                     let d = (k >> shift) & digit_mask;
                     if q != 0 {
-                        if SPLIT_ADD {
-                            // Shared memory has no 64-bit add: a u64 atomic is a compare-and-swap
-                            // loop (ATOMS.CAST.SPIN.64 on sm_90), which retries for as long as other
-                            // lanes and warps hit the same bin, and most keys share a few bins (the
-                            // first pass's bins are exponents; the later passes', for tied logits,
-                            // one bin). The mass's bits below and above bit 20 go to two u32 bins
-                            // with native adds instead, no carry between them: each part is below
-                            // 2²⁰ (q < 2⁴⁰), and a block's keys (at most THREADS·8 ≤ 4096) sum
-                            // each below 2³², so the bin's mass is exact, whatever the order.
-                            atomic_add(hist_lo, d, (q & 0xfffff) as u32);
-                            atomic_add(hist_hi, d, (q >> 20) as u32);
-                        } else {
-                            atomic_add(hist_mass, d, q);
-                        }
+                        // Shared memory has no 64-bit add: a u64 atomic is a compare-and-swap loop
+                        // (ATOMS.CAST.SPIN.64 on sm_90), which retries for as long as other lanes
+                        // and warps hit the same bin, and most keys share a few bins (the first
+                        // pass's bins are exponents; the later passes', for tied logits, one bin).
+                        // The mass's bits below and above bit 20 go to two u32 bins with native
+                        // adds instead, no carry between them: each part is below 2²⁰ (q < 2⁴⁰),
+                        // and a block's keys (at most THREADS·8 ≤ 4096) sum each below 2³², so the
+                        // bin's mass is exact, whatever the order.
+                        atomic_add(hist_lo, d, (q & 0xfffff) as u32);
+                        atomic_add(hist_hi, d, (q >> 20) as u32);
                     }
                     atomic_add(hist_count, d, 1);
                 }
@@ -272,7 +258,7 @@ pub fn sample_top_p(
                 let c = hist_count[b];
                 if c != 0 {
                     atomic_add(scratch, region * 2048 + b, c);
-                    let m = if SPLIT_ADD { ((hist_hi[b] as u64) << 20) + (hist_lo[b] as u64) } else { hist_mass[b] };
+                    let m = ((hist_hi[b] as u64) << 20) + (hist_lo[b] as u64);
                     if m != 0 {
                         atomic_add(mass, region * 2048 + b, m);
                     }

@@ -39,9 +39,20 @@ impl Sampler {
         Ok(sampler)
     }
 
-    /// The sampler at the default tiles.
+    /// The sampler at [`Sampler::tiles_for`] the device.
     pub fn new(gpu: &Gpu, vocab: usize, params: SampleParams) -> Result<Sampler> {
-        Sampler::load(gpu, vocab, params, TileSet::DEFAULT)
+        Sampler::load(gpu, vocab, params, Sampler::tiles_for(gpu)?)
+    }
+
+    /// The default tiles with the widest block whose whole grid this device holds at once: 512
+    /// threads where it holds 128 such blocks (an H100 or H200, one an SM: a thread's four logits
+    /// take fewer serial adds than eight, 13% to 24% faster, BENCHMARKS.md), else the default 256
+    /// (the GB10's 48 SMs hold 128 blocks only at three an SM, which 512 threads cannot fit).
+    pub fn tiles_for(gpu: &Gpu) -> Result<sample_top_p::Tiles> {
+        let default: sample_top_p::Tiles = TileSet::DEFAULT;
+        let wide = sample_top_p::Tiles { threads: 512, ..default };
+        let resident = gpu.kernel::<sample_top_p::Kernel>(wide)?.co_resident_blocks(gpu)?;
+        Ok(if resident >= wide.blocks { wide } else { default })
     }
 
     pub fn vocab(&self) -> usize {
