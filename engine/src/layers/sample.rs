@@ -46,8 +46,8 @@ impl Sampler {
 
     /// The default tiles with the widest block whose whole grid this device holds at once: 512
     /// threads where it holds 128 such blocks (an H100 or H200, one an SM: a thread's four logits
-    /// take fewer serial adds than eight, 13% to 24% faster, BENCHMARKS.md), else the default 256
-    /// (the GB10's 48 SMs hold 128 blocks only at three an SM, which 512 threads cannot fit).
+    /// take fewer serial adds than eight, 19% to 25% faster on an H100, BENCHMARKS.md), else the
+    /// default 256 (the GB10's 48 SMs hold 128 blocks only at three an SM, too many for 512).
     pub fn tiles_for(gpu: &Gpu) -> Result<sample_top_p::Tiles> {
         let default: sample_top_p::Tiles = TileSet::DEFAULT;
         let wide = sample_top_p::Tiles { threads: 512, ..default };
