@@ -39,7 +39,7 @@ impl Sampler {
         Ok(sampler)
     }
 
-    /// The sampler at [`Sampler::tiles_for`] the device.
+    /// The sampler at the tiles [`Sampler::tiles_for`] picks for this device.
     pub fn new(gpu: &Gpu, vocab: usize, params: SampleParams) -> Result<Sampler> {
         Sampler::load(gpu, vocab, params, Sampler::tiles_for(gpu)?)
     }
