@@ -7,13 +7,13 @@
 //! registers for the whole launch, and the passes meet at software grid barriers as in
 //! [`crate::kernels::qsa::top_blocks_grid`].
 //!
-//! The probabilities are integers: a logit's mass is `exp((l − max)/T)` scaled by 2⁴⁰,
-//! truncated and capped at 2⁴⁰ − 1 (f32 arithmetic, then u64; the cap keeps both halves of a
-//! block's shared bins below 2³², so that they add with native 32-bit atomics), so every sum is
-//! exact and independent of the order in which blocks and threads add it: the token depends on
-//! the logits, T, top_p, the seed and the position only, not on the schedule. `reference::sample` is the same choice in f64 over a
-//! sorted copy; the two differ only through rounding (about 1e-7 of the mass, and tokens whose
-//! mass is below 2⁻⁴⁰ of the largest, which the kernel drops).
+//! The probabilities are integers: a logit's mass is `exp((l − max)/T)` scaled by 2⁴⁰, truncated
+//! and capped at 2⁴⁰ − 1 (f32 arithmetic, then u64; the cap keeps both halves of a block's shared
+//! bins below 2³², so that they add with native 32-bit atomics), so every sum is exact and
+//! independent of the order in which blocks and threads add it: the token depends on the logits, T,
+//! top_p, the seed and the position only, not on the schedule. `reference::sample` is the same
+//! choice in f64 over a sorted copy; the two differ only through rounding (about 1e-7 of the mass,
+//! and tokens whose mass is below 2⁻⁴⁰ of the largest, which the kernel drops).
 
 use kernel_macros::kernel;
 
