@@ -12,6 +12,10 @@
 #   --bin autotune     a binary of the workspace (tools/src/bin/autotune.rs)
 #   --all-benches      every bench target of the root package (for tools/bench-smoke.sh)
 #   --file PATH        any file to unpack beside them (a pinned table, say)
+#   --base REV         each --bench also built at REV (a commit, main say), packed as NAME-base, so
+#                      that one call times a change against its base, interleaved in one run script
+#                      (REV is checked out in a git worktree beside the target dir, which it shares;
+#                      a bench that reads files of the checkout reads this tree's on the device)
 # then: device call with carry [".gpu-pack"] and the command `bash .gpu-pack/pack.sh && /tmp/flashnext-pack/gpu_gdn
 # --include-ignored --test-threads=1` (each executable under its target's name). A call brings
 # back at most 8 files from $OUT: a traced step (`FLASHNEXT_TRACE=1`, five files of stamps) goes
@@ -19,13 +23,14 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-tests=(); benches=(); bins=(); files=()
+tests=(); benches=(); bins=(); files=(); base=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --test) tests+=("$2"); shift 2;;
     --bench) benches+=("$2"); shift 2;;
     --bin) bins+=("$2"); shift 2;;
     --file) files+=("$2"); shift 2;;
+    --base) base="$2"; shift 2;;
     --all-benches)
       mapfile -t -O "${#benches[@]}" benches < <(tools/bench-smoke.sh --list)
       shift;;
@@ -37,9 +42,21 @@ if [ $(( ${#tests[@]} + ${#benches[@]} + ${#bins[@]} )) -eq 0 ]; then
   echo "gpu-pack: name at least one --test, --bench or --bin" >&2; exit 2
 fi
 for f in "${files[@]}"; do [ -f "$f" ] || { echo "gpu-pack: --file $f: no such file" >&2; exit 2; }; done
+if [ -n "$base" ]; then
+  [ ${#benches[@]} -gt 0 ] || { echo "gpu-pack: --base needs at least one --bench" >&2; exit 2; }
+  git rev-parse --verify --quiet "$base^{commit}" > /dev/null \
+    || { echo "gpu-pack: --base $base: not a commit here" >&2; exit 2; }
+fi
 
-stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
-# Copies each executable cargo reports (JSON messages on stdin) to $stage under its target's name.
+stage=$(mktemp -d)
+base_tree=""
+cleanup() {
+  [ -z "$base_tree" ] || git worktree remove --force "$base_tree" 2> /dev/null || true
+  rm -rf "$stage"
+}
+trap cleanup EXIT
+# Copies each executable cargo reports (JSON messages on stdin) to $stage under its target's name
+# and the suffix given (none, or -base).
 collect() {
   python3 -c '
 import json, shutil, sys, os
@@ -50,10 +67,10 @@ for line in sys.stdin:
         sys.stderr.write(m["message"].get("rendered", ""))
     exe = m.get("executable")
     if m.get("reason") == "compiler-artifact" and exe:
-        out = os.path.join(sys.argv[1], m["target"]["name"])
+        out = os.path.join(sys.argv[1], m["target"]["name"] + sys.argv[2])
         shutil.copy2(exe, out)
         print(out)
-' "$stage"
+' "$stage" "${1:-}"
 }
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
@@ -64,7 +81,20 @@ for b in "${benches[@]}"; do args+=(--bench "$b"); done
 args=()
 for b in "${bins[@]}"; do args+=(--bin "$b"); done
 [ ${#bins[@]} -eq 0 ] || cargo build --workspace --release --message-format=json "${args[@]}" | collect
-for n in "${tests[@]}" "${benches[@]}" "${bins[@]}"; do
+based=()
+if [ -n "$base" ]; then
+  # The base's benches from a worktree of REV, into the same target dir: its dependencies are
+  # built already, and its own crates get their own artifacts (another source path).
+  base_tree="$stage/base-tree"
+  git worktree add --detach --quiet "$base_tree" "$base"
+  args=()
+  for b in "${benches[@]}"; do args+=(--bench "$b"); based+=("$b-base"); done
+  (cd "$base_tree" && CARGO_TARGET_DIR="$root/target" cargo bench -p flashnext --no-run --message-format=json "${args[@]}") \
+    | collect -base
+  git worktree remove --force "$base_tree" && base_tree=""
+  echo "gpu-pack: the -base benches are $(git rev-parse --short "$base") ($base)" >&2
+fi
+for n in "${tests[@]}" "${benches[@]}" "${bins[@]}" "${based[@]}"; do
   [ -x "$stage/$n" ] || { echo "gpu-pack: cargo built no executable named $n" >&2; exit 1; }
   strip "$stage/$n"
 done
