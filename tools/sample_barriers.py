@@ -4,7 +4,7 @@
 The kernel (engine/src/kernels/sample.rs) finds two places in the order of the logits by a
 radix select over 32-bit order keys: 11, 11 and 10 bits a pass, one grid barrier a pass, a
 barrier for the maximum first and one for ties at the pick last. Select 2's first pass reuses
-select 1's first histogram. This model runs the same search over the bench's logits
+select 1's first histogram, and at top_p >= 1 select 1 is skipped (S = Z). This model runs the same search over the bench's logits
 (benches/sample.rs: seed 0x5a3b1e, normal(0, 3), flat, tied levels) for a few uniforms and
 prints, for each select, each pass's bin as (pass, keys in the bin, keys in the bins above),
 and the barriers that makes.
@@ -64,13 +64,18 @@ def barriers(logits, temperature, top_p, r):
     total = int(mass.sum())
     p = int(np.float32(top_p) * np.float32(2.0**32))
     cut = total if top_p >= 1 else max((total >> 32) * p + (((total & 0xFFFFFFFF) * p + 0xFFFFFFFF) >> 32), 1)
-    first, want, bin_mass, count = select(keys, mass, cut)
-    q = bin_mass // count
-    kept = cut - want + -(-want // q) * q
+    if top_p >= 1:
+        # The kernel skips select 1 here: S = Z, and select 2 starts on the first histogram.
+        first, kept = [], total
+    else:
+        first, want, bin_mass, count = select(keys, mass, cut)
+        q = bin_mass // count
+        kept = cut - want + -(-want // q) * q
     pick = (kept >> 32) * r + (((kept & 0xFFFFFFFF) * r) >> 32) + 1
     second, _, _, ties = select(keys, mass, pick)
-    # The maximum, each of select 1's passes, select 2's passes after its first, the ties.
-    return first, second, 1 + len(first) + len(second) - 1 + (1 if ties > 1 else 0)
+    # The maximum, the first pass's histogram (shared by the selects), each later pass of
+    # either select, the ties.
+    return first, second, 1 + 1 + max(len(first) - 1, 0) + len(second) - 1 + (1 if ties > 1 else 0)
 
 
 def main():

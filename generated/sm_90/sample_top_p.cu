@@ -28,7 +28,8 @@
 // the j-th of its tied tokens, by id. Select 1 (the nucleus) gives S; select 2 (the pick) reuses
 // select 1's first histogram, and its token's owner writes it (ties: a last barrier shares
 // each block's count of them). Two to seven barriers: the maximum, one to three for select 1,
-// none to two for select 2, and one for ties at the pick.
+// none to two for select 2, and one for ties at the pick. At top_p ≥ 1 the nucleus is every
+// token (S = Z), so select 1 stops at its first pass's scan and select 2 goes on from there.
 //
 // If every mass is zero (only with non-finite logits: all NaN or −∞, or a +∞) the token is 0.
 //
@@ -264,8 +265,14 @@ extern "C" __global__ void __launch_bounds__(256, 3) sample_top_p(
                     }
                     return;
                 }
-                const unsigned long long p = top_p >= 1.0f ? 4294967296ull : (unsigned long long)(top_p * 4294967300.0f);
-                const unsigned long long cut = p >= 4294967296ull ? total : (total >> 32u) * p + (((total & 0xffffffffull) * p + 0xffffffffull) >> 32u);
+                if (top_p >= 1.0f) {
+                    kept = total;
+                    sel = 1u;
+                }
+            }
+            if (sel == 0u) {
+                const unsigned long long p = (unsigned long long)(top_p * 4294967300.0f);
+                const unsigned long long cut = (total >> 32u) * p + (((total & 0xffffffffull) * p + 0xffffffffull) >> 32u);
                 want = max(cut, 1ull);
             } else {
                 want = (kept >> 32u) * r + (((kept & 0xffffffffull) * r) >> 32u) + 1ull;

@@ -61,7 +61,8 @@ pub const MASS_ONE: f64 = 1_099_511_627_776.0;
 /// the j-th of its tied tokens, by id. Select 1 (the nucleus) gives S; select 2 (the pick) reuses
 /// select 1's first histogram, and its token's owner writes it (ties: a last barrier shares
 /// each block's count of them). Two to seven barriers: the maximum, one to three for select 1,
-/// none to two for select 2, and one for ties at the pick.
+/// none to two for select 2, and one for ties at the pick. At top_p ≥ 1 the nucleus is every
+/// token (S = Z), so select 1 stops at its first pass's scan and select 2 goes on from there.
 ///
 /// If every mass is zero (only with non-finite logits: all NaN or −∞, or a +∞) the token is 0.
 ///
@@ -307,13 +308,19 @@ pub fn sample_top_p(
                     }
                     return;
                 }
-                // The cut ⌈Z·P/2³²⌉ in 64-bit halves (Z < 2⁵⁸, P ≤ 2³²), at least 1.
-                let p = if top_p >= 1.0 { 4294967296u64 } else { (top_p * 4294967296.0) as u64 };
-                let cut = if p >= 4294967296 {
-                    total
-                } else {
-                    (total >> 32) * p + (((total & 0xffffffff) * p + 0xffffffff) >> 32)
-                };
+                if top_p >= 1.0 {
+                    // The nucleus is every token of nonzero mass, S = Z exactly (what select 1
+                    // would find: the cumulative mass reaches the cut Z at the last of them), so
+                    // select 2 starts now, on this same histogram, and select 1's passes and
+                    // barriers are skipped.
+                    kept = total;
+                    sel = 1;
+                }
+            }
+            if sel == 0 {
+                // The cut ⌈Z·P/2³²⌉ in 64-bit halves (Z < 2⁵⁸, P < 2³²), at least 1.
+                let p = (top_p * 4294967296.0) as u64;
+                let cut = (total >> 32) * p + (((total & 0xffffffff) * p + 0xffffffff) >> 32);
                 want = max(cut, 1);
             } else {
                 // ⌊S·r/2³²⌋ + 1 ≤ S: the pick lies in the nucleus.
