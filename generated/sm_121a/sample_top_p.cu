@@ -228,10 +228,15 @@ extern "C" __global__ void __launch_bounds__(256, 3) sample_top_p(
             }
             __syncthreads();
         }
+        unsigned long long own_mass[8] = {};
         unsigned long long own = 0ull;
         #pragma unroll
         for (unsigned j = 0u; j < per_thread; ++j) {
-            own += ld_cg(mass + (region * 2048u + top_bin - j));
+            own_mass[j] = ld_cg(mass + (region * 2048u + top_bin - j));
+        }
+        #pragma unroll
+        for (unsigned j = 0u; j < per_thread; ++j) {
+            own += own_mass[j];
         }
         unsigned long long inclusive = own;
         unsigned offset = 1u;
@@ -285,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) sample_top_p(
             #pragma unroll
             for (unsigned j = 0u; j < per_thread; ++j) {
                 const unsigned bin = top_bin - j;
-                const unsigned long long m_3 = ld_cg(mass + (region * 2048u + bin));
+                const unsigned long long m_3 = own_mass[j];
                 if (hit == 0u && above + m_3 >= want) {
                     found[0u] = prefix | (bin << shift);
                     found[1u] = ld_cg(scratch + (region * 2048u + bin));

@@ -270,11 +270,22 @@ pub fn sample_top_p(
         }
 
         // Thread t owns bins 2047 − t·per_thread downwards; an inclusive scan over the threads
-        // (u64 shuffled as two halves) sums the mass in every bin from the top to t's last.
+        // (u64 shuffled as two halves) sums the mass in every bin from the top to t's last. The
+        // owned bins' masses are kept from the one load, so that the thread which holds the
+        // target's bin loads only the bin's count after the scan (it loaded its masses again
+        // first: two dependent round trips to L2, behind which every other thread waited). The
+        // counts are not loaded with the masses: all 128 blocks read the same bins after each
+        // barrier, and reading the counts too (24 KB a block where the masses are 16 KB) made
+        // the launch ~2 µs slower in session 56.
+        let mut own_mass = [0u64; 8];
         let mut own = 0u64;
         #[unroll]
         for j in 0..per_thread {
-            own += load_cg(mass, region * 2048 + top_bin - j);
+            own_mass[j] = load_cg(mass, region * 2048 + top_bin - j);
+        }
+        #[unroll]
+        for j in 0..per_thread {
+            own += own_mass[j];
         }
         let mut inclusive = own;
         let mut offset = 1u32;
@@ -334,7 +345,7 @@ pub fn sample_top_p(
             #[unroll]
             for j in 0..per_thread {
                 let bin = top_bin - j;
-                let m = load_cg(mass, region * 2048 + bin);
+                let m = own_mass[j];
                 if hit == 0 && above + m >= want {
                     found[0] = prefix | (bin << shift);
                     found[1] = load_cg(scratch, region * 2048 + bin);
