@@ -232,11 +232,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) sample_top_p(
         unsigned long long own = 0ull;
         #pragma unroll
         for (unsigned j = 0u; j < per_thread; ++j) {
-            own_mass[j] = ld_cg(mass + (region * 2048u + top_bin - j));
-        }
-        #pragma unroll
-        for (unsigned j = 0u; j < per_thread; ++j) {
-            own += own_mass[j];
+            const unsigned long long m_3 = ld_cg(mass + (region * 2048u + top_bin - j));
+            if (per_thread <= 4u) {
+                own_mass[j] = m_3;
+            }
+            own += m_3;
         }
         unsigned long long inclusive = own;
         unsigned offset = 1u;
@@ -290,15 +290,15 @@ extern "C" __global__ void __launch_bounds__(256, 3) sample_top_p(
             #pragma unroll
             for (unsigned j = 0u; j < per_thread; ++j) {
                 const unsigned bin = top_bin - j;
-                const unsigned long long m_3 = own_mass[j];
-                if (hit == 0u && above + m_3 >= want) {
+                const unsigned long long m_4 = per_thread <= 4u ? own_mass[j] : ld_cg(mass + (region * 2048u + bin));
+                if (hit == 0u && above + m_4 >= want) {
                     found[0u] = prefix | (bin << shift);
                     found[1u] = ld_cg(scratch + (region * 2048u + bin));
                     found_mass[0u] = want - above;
-                    found_mass[1u] = m_3;
+                    found_mass[1u] = m_4;
                     hit = 1u;
                 }
-                above += m_3;
+                above += m_4;
             }
         }
         __syncthreads();

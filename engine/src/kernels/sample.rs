@@ -276,16 +276,18 @@ pub fn sample_top_p(
         // first: two dependent round trips to L2, behind which every other thread waited). The
         // counts are not loaded with the masses: all 128 blocks read the same bins after each
         // barrier, and reading the counts too (24 KB a block where the masses are 16 KB) made
-        // the launch ~2 µs slower in session 56.
+        // the launch ~2 µs slower in session 56. At eight bins a thread (256 threads, the GB10's
+        // tiles) the masses are not kept: in the 85 registers that three blocks an SM leave there,
+        // the traced sm_121a build spilled.
         let mut own_mass = [0u64; 8];
         let mut own = 0u64;
         #[unroll]
         for j in 0..per_thread {
-            own_mass[j] = load_cg(mass, region * 2048 + top_bin - j);
-        }
-        #[unroll]
-        for j in 0..per_thread {
-            own += own_mass[j];
+            let m = load_cg(mass, region * 2048 + top_bin - j);
+            if per_thread <= 4 {
+                own_mass[j] = m;
+            }
+            own += m;
         }
         let mut inclusive = own;
         let mut offset = 1u32;
@@ -345,7 +347,7 @@ pub fn sample_top_p(
             #[unroll]
             for j in 0..per_thread {
                 let bin = top_bin - j;
-                let m = own_mass[j];
+                let m = if per_thread <= 4 { own_mass[j] } else { load_cg(mass, region * 2048 + bin) };
                 if hit == 0 && above + m >= want {
                     found[0] = prefix | (bin << shift);
                     found[1] = load_cg(scratch, region * 2048 + bin);
