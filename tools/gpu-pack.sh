@@ -46,9 +46,9 @@ if [ $(( ${#tests[@]} + ${#benches[@]} + ${#bins[@]} )) -eq 0 ]; then
   echo "gpu-pack: name at least one --test, --bench or --bin" >&2; exit 2
 fi
 for f in "${files[@]}"; do [ -f "$f" ] || { echo "gpu-pack: --file $f: no such file" >&2; exit 2; }; done
-case "$into" in
-  */*|.*) echo "gpu-pack: --into $into: a plain name (letters, digits, - and _), not a path" >&2; exit 2;;
-esac
+if [ -n "$into" ] && ! [[ "$into" =~ ^[A-Za-z0-9][A-Za-z0-9_-]*$ ]]; then
+  echo "gpu-pack: --into $into: a plain name (letters, digits, - and _), not a path" >&2; exit 2
+fi
 if [ -n "$base" ]; then
   [ ${#benches[@]} -gt 0 ] || { echo "gpu-pack: --base needs at least one --bench" >&2; exit 2; }
   git rev-parse --verify --quiet "$base^{commit}" > /dev/null \

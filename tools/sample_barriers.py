@@ -4,10 +4,10 @@
 The kernel (engine/src/kernels/sample.rs) finds two places in the order of the logits by a
 radix select over 32-bit order keys: 11, 11 and 10 bits a pass, one grid barrier a pass, a
 barrier for the maximum first and one for ties at the pick last. Select 2's first pass reuses
-select 1's first histogram, and at top_p >= 1 select 1 is skipped (S = Z). This model runs the same search over the bench's logits
-(benches/sample.rs: seed 0x5a3b1e, normal(0, 3), flat, tied levels) for a few uniforms and
-prints, for each select, each pass's bin as (pass, keys in the bin, keys in the bins above),
-and the barriers that makes.
+select 1's first histogram, and at top_p >= 1 select 1 is skipped (S = Z). This model runs the
+same search over the bench's logits (benches/sample.rs: seed 0x5a3b1e, normal(0, 3), flat,
+tied levels) for a few uniforms and prints, for each select, each pass's bin as (pass, keys in
+the bin, keys in the bins above), and the barriers that makes.
 
 It is a model, not the kernel: the masses are f32 exp on the host, truncated to 2^40 fixed
 point as the kernel does, and numpy's generator is not the bench's (flashnext::rng), so the
@@ -62,12 +62,12 @@ def select(keys, mass, wanted):
 def barriers(logits, temperature, top_p, r):
     keys, mass = order_keys(logits), masses(logits, temperature)
     total = int(mass.sum())
-    p = int(np.float32(top_p) * np.float32(2.0**32))
-    cut = total if top_p >= 1 else max((total >> 32) * p + (((total & 0xFFFFFFFF) * p + 0xFFFFFFFF) >> 32), 1)
     if top_p >= 1:
         # The kernel skips select 1 here: S = Z, and select 2 starts on the first histogram.
         first, kept = [], total
     else:
+        p = int(np.float32(top_p) * np.float32(2.0**32))
+        cut = max((total >> 32) * p + (((total & 0xFFFFFFFF) * p + 0xFFFFFFFF) >> 32), 1)
         first, want, bin_mass, count = select(keys, mass, cut)
         q = bin_mass // count
         kept = cut - want + -(-want // q) * q
